@@ -1,0 +1,1 @@
+"""The engine core process: model, paged KV cache, scheduler, sampler. Never imports trio."""

@@ -1,0 +1,5 @@
+import sys
+
+from izh_trio.engine.process import main
+
+sys.exit(main())

@@ -1,0 +1,137 @@
+"""The engine core: requests in, one step at a time, outputs out. No I/O here."""
+
+from __future__ import annotations
+
+import torch
+
+from izh_trio.engine.block_manager import BlockManager
+from izh_trio.engine.model_runner import ModelRunner
+from izh_trio.engine.sampler import Sampler
+from izh_trio.engine.scheduler import Scheduler, SchedulerConfig
+from izh_trio.engine.sequence import Sequence
+from izh_trio.wire import (
+    AddRequest,
+    EngineConfig,
+    ModelInfo,
+    Ready,
+    RequestFailed,
+    RequestOutput,
+    Stats,
+)
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig) -> None:
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        torch.manual_seed(config.seed)
+        self.config = config
+        self.runner = ModelRunner(config)
+        self.max_model_len = self.runner.max_model_len
+        self.eos_token_ids = frozenset(self.runner.model_config.eos_token_ids)
+        self.block_manager = BlockManager(self.runner.num_blocks, config.block_size)
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                max_num_seqs=config.max_num_seqs,
+                max_num_batched_tokens=config.max_num_batched_tokens,
+                max_model_len=self.max_model_len,
+            ),
+            self.block_manager,
+        )
+        self.sampler = Sampler(config.seed)
+        self.num_steps = 0
+
+    def ready(self) -> Ready:
+        cfg = self.runner.model_config
+        return Ready(
+            max_model_len=self.max_model_len,
+            num_blocks=self.runner.num_blocks,
+            block_size=self.config.block_size,
+            max_num_seqs=self.config.max_num_seqs,
+            model=ModelInfo(
+                architecture=cfg.architecture,
+                vocab_size=cfg.vocab_size,
+                dtype=str(self.runner.dtype).removeprefix("torch."),
+                device=str(self.runner.device),
+                eos_token_ids=cfg.eos_token_ids,
+            ),
+        )
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    def add_request(self, req: AddRequest) -> RequestFailed | None:
+        """Admit a request, or say why not; a bad request never disturbs the others."""
+        problem = self._validate(req)
+        if problem is not None:
+            return RequestFailed(req.request_id, problem)
+        stop = set(req.params.stop_token_ids)
+        if not req.params.ignore_eos:
+            stop |= self.eos_token_ids
+        self.scheduler.add(Sequence(
+            request_id=req.request_id,
+            token_ids=list(req.prompt_token_ids),
+            params=req.params,
+            stop_token_ids=frozenset(stop),
+            priority=req.priority,
+            cache_salt=req.cache_salt,
+        ))
+        return None
+
+    def _validate(self, req: AddRequest) -> str | None:
+        n = len(req.prompt_token_ids)
+        vocab = self.runner.model_config.vocab_size
+        if req.request_id in self.scheduler.by_id:
+            return f"request id {req.request_id!r} is already in use"
+        if n == 0:
+            return "the prompt is empty"
+        if any(not 0 <= t < vocab for t in req.prompt_token_ids):
+            return f"prompt token ids must be in [0, {vocab})"
+        if n + req.params.max_tokens > self.max_model_len:
+            return (f"this model's maximum context length is {self.max_model_len} tokens; "
+                    f"the request asks for {n} prompt + {req.params.max_tokens} output tokens")
+        return None
+
+    def abort(self, request_ids: tuple[str, ...]) -> None:
+        for rid in request_ids:
+            if self.scheduler.abort(rid) is not None:
+                self.sampler.forget(rid)
+
+    def step(self) -> list[RequestOutput]:
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        logits, sampling = self.runner.execute(batch)
+        sampled = dict(zip((i.seq for i in sampling),
+                           self.sampler.sample(logits, [i.seq for i in sampling]), strict=True))
+        self.num_steps += 1
+        outputs = []
+        for item in batch:
+            seq = item.seq
+            token = sampled.get(seq)
+            reason = self.scheduler.advance(item, token)
+            if token is None:
+                continue
+            if reason is not None:
+                self.scheduler.finish(seq, reason)
+                self.sampler.forget(seq.request_id)
+            outputs.append(RequestOutput(
+                request_id=seq.request_id,
+                new_token_ids=seq.token_ids[seq.num_prompt_tokens + seq.num_emitted :],
+                num_prompt_tokens=seq.num_prompt_tokens,
+                num_output_tokens=seq.num_output_tokens,
+                num_cached_tokens=seq.num_cached_tokens,
+                finish_reason=reason,
+            ))
+            seq.num_emitted = seq.num_output_tokens
+        return outputs
+
+    def stats(self) -> Stats:
+        return Stats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            kv_cache_usage=self.block_manager.usage,
+            num_preemptions=self.scheduler.num_preemptions,
+            num_steps=self.num_steps,
+        )

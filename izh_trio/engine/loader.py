@@ -1,0 +1,111 @@
+"""Read a Hugging Face Qwen3 directory: config, generation defaults and safetensors weights."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import attrs
+import torch
+from safetensors import safe_open
+
+_DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+}
+
+
+class CheckpointError(ValueError):
+    """The directory is not a Qwen3 checkpoint we can serve; the message says why."""
+
+
+@attrs.frozen
+class Qwen3Config:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    dtype: torch.dtype
+    eos_token_ids: tuple[int, ...]
+    architecture: str
+
+    @classmethod
+    def from_dir(cls, model_dir: Path) -> Qwen3Config:
+        path = model_dir / "config.json"
+        if not path.is_file():
+            raise CheckpointError(f"{model_dir} has no config.json")
+        raw = json.loads(path.read_text())
+        arch = (raw.get("architectures") or ["Qwen3ForCausalLM"])[0]
+        if raw.get("model_type", "qwen3") != "qwen3":
+            raise CheckpointError(f"model_type {raw.get('model_type')!r} is not qwen3")
+        heads = raw["num_attention_heads"]
+        # Both spellings: transformers < 4.56 wrote rope_theta, newer writes rope_parameters.
+        rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type not in ("default", None):
+            raise CheckpointError(f"rope_type {rope_type!r} is not supported yet")
+        theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
+        dtype_name = raw.get("dtype") or raw.get("torch_dtype") or "float32"
+        if dtype_name not in _DTYPES:
+            raise CheckpointError(f"unsupported dtype {dtype_name!r}")
+        return cls(
+            vocab_size=raw["vocab_size"],
+            hidden_size=raw["hidden_size"],
+            intermediate_size=raw["intermediate_size"],
+            num_hidden_layers=raw["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=raw.get("num_key_value_heads", heads),
+            head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
+            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+            rope_theta=float(theta),
+            max_position_embeddings=raw.get("max_position_embeddings", 32768),
+            tie_word_embeddings=raw.get("tie_word_embeddings", False),
+            attention_bias=raw.get("attention_bias", False),
+            dtype=_DTYPES[dtype_name],
+            eos_token_ids=_eos_ids(model_dir, raw),
+            architecture=arch,
+        )
+
+
+def _eos_ids(model_dir: Path, config: dict) -> tuple[int, ...]:
+    """generation_config.json's eos list wins: Qwen3 chat ends on <|im_end|>, not config's eos."""
+    ids: list[int] = []
+    gen = model_dir / "generation_config.json"
+    for source in (json.loads(gen.read_text()) if gen.is_file() else {}, config):
+        eos = source.get("eos_token_id")
+        for tok in eos if isinstance(eos, list) else [eos]:
+            if isinstance(tok, int) and tok not in ids:
+                ids.append(tok)
+    return tuple(ids)
+
+
+def resolve_dtype(name: str, checkpoint: torch.dtype) -> torch.dtype:
+    return checkpoint if name == "auto" else _DTYPES[name]
+
+
+def iter_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (name, tensor) from model.safetensors or every shard of its index."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [model_dir / s for s in shards]
+    elif (model_dir / "model.safetensors").is_file():
+        files = [model_dir / "model.safetensors"]
+    else:
+        raise CheckpointError(f"{model_dir} has neither model.safetensors nor its index")
+    for file in files:
+        with safe_open(file, framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                yield name, f.get_tensor(name)

@@ -1,0 +1,169 @@
+"""Qwen3 for causal LM, reading top-down like the architecture.
+
+Embedding -> N x [RMSNorm -> attention (q/k RMSNorm, RoPE, GQA, paged KV) -> residual ->
+RMSNorm -> SwiGLU MLP -> residual] -> RMSNorm -> LM head (tied or not). Arithmetic follows
+Hugging Face's implementation step for step so that fp32 logits agree to rounding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from izh_trio.engine.attention import AttentionMetadata, paged_attention, store_kv
+from izh_trio.engine.loader import CheckpointError, Qwen3Config
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin for every position, computed once in fp32 (as transformers does)."""
+
+    def __init__(self, head_dim: int, theta: float, max_positions: int) -> None:
+        super().__init__()
+        exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+        inv_freq = 1.0 / (theta**exponent)
+        freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x: [T, H, D]."""
+        cos = self.cos[positions].unsqueeze(1).to(x.dtype)
+        sin = self.sin[positions].unsqueeze(1).to(x.dtype)
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: Qwen3Config, rope: RotaryEmbedding) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.qkv_proj = nn.Linear(
+            cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias
+        )
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.attention_bias)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.rope = rope
+        self.scale = self.head_dim**-0.5
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = self.rope(self.q_norm(q.view(t, self.num_heads, self.head_dim)), positions)
+        k = self.rope(self.k_norm(k.view(t, self.num_kv_heads, self.head_dim)), positions)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        store_kv(k, v, *kv_cache, meta.slot_mapping)
+        out = paged_attention(q, k, v, *kv_cache, meta, self.scale)
+        return self.o_proj(out.reshape(t, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: Qwen3Config) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: Qwen3Config, rope: RotaryEmbedding) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, rope)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, h, positions, meta, kv_cache):  # noqa: ANN001, ANN201 - hot path
+        h = h + self.self_attn(self.input_layernorm(h), positions, meta, kv_cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Qwen3ForCausalLM(nn.Module):
+    def __init__(self, cfg: Qwen3Config, max_positions: int) -> None:
+        super().__init__()
+        self.config = cfg
+        rope = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, max_positions)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, rope) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
+        h = self.embed_tokens(input_ids)
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            h = layer(h, positions, meta, kv_cache)
+        return h
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final norm and head for the rows that sample; fp32 for the sampler."""
+        return self.lm_head(self.norm(hidden)).float()
+
+    # ------------------------------------------------------------------ weights
+    _FUSED = {
+        "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+        "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+    }
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Map Hugging Face names onto this module, fusing q/k/v and gate/up as they arrive."""
+        params = dict(self.named_parameters())
+        pending: dict[str, dict[int, torch.Tensor]] = {}
+        loaded: set[str] = set()
+        for hf_name, tensor in weights:
+            name = hf_name.removeprefix("model.")
+            if name == "lm_head.weight" and self.config.tie_word_embeddings:
+                continue
+            parts = name.split(".")
+            if len(parts) >= 2 and parts[-2] in self._FUSED:
+                fused, idx = self._FUSED[parts[-2]]
+                target = ".".join([*parts[:-2], fused, parts[-1]])
+                group = pending.setdefault(target, {})
+                group[idx] = tensor
+                if len(group) < (3 if fused == "qkv_proj" else 2):
+                    continue
+                tensor, name = torch.cat([group[i] for i in sorted(group)]), target
+                del pending[target]
+            if name not in params:
+                raise CheckpointError(f"unexpected weight {hf_name!r}")
+            param = params[name]
+            if param.shape != tensor.shape:
+                raise CheckpointError(f"{hf_name}: shape {tuple(tensor.shape)}, "
+                                      f"expected {tuple(param.shape)}")
+            with torch.no_grad():
+                param.copy_(tensor)
+            loaded.add(name)
+        missing = set(params) - loaded - ({"lm_head.weight"} if self.config.tie_word_embeddings
+                                          else set())
+        if missing or pending:
+            raise CheckpointError(f"checkpoint lacks weights: {sorted(missing | set(pending))}")

@@ -1,0 +1,134 @@
+"""The engine core as a child process: frames in on one fd, frames out on another.
+
+The loop blocks on the pipe only when there is no work; otherwise it drains whatever arrived
+and steps. A reader thread turns bytes into messages so a step never waits on I/O. EOF on the
+input pipe (the server is gone) ends the process, and so does the parent's death (PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import logging
+import os
+import queue
+import signal
+import sys
+import threading
+import traceback
+
+from izh_trio.wire import (
+    Abort,
+    AddRequest,
+    EngineConfig,
+    Fatal,
+    FrameDecoder,
+    Message,
+    ProtocolError,
+    Shutdown,
+    StepOutputs,
+    encode_frame,
+)
+from izh_trio.wire.codec import converter
+
+log = logging.getLogger("izh_trio.engine")
+_EOF = object()
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to kill us if the server dies without closing the pipe (e.g. SIGKILL)."""
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+def _read_frames(fd: int, inbox: queue.SimpleQueue) -> None:
+    decoder = FrameDecoder()
+    try:
+        while data := os.read(fd, 1 << 16):
+            for msg in decoder.feed(data):
+                inbox.put(msg)
+    except (ProtocolError, OSError) as exc:
+        inbox.put(exc)
+        return
+    inbox.put(_EOF)
+
+
+class _Writer:
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def send(self, messages: list[Message]) -> None:
+        view = memoryview(encode_frame(messages))
+        while view:
+            view = view[os.write(self.fd, view) :]
+
+
+def serve(config: EngineConfig, in_fd: int, out_fd: int) -> int:
+    from izh_trio.engine.core import EngineCore  # torch loads here, after the fds are safe
+
+    out = _Writer(out_fd)
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
+    threading.Thread(target=_read_frames, args=(in_fd, inbox), daemon=True,
+                     name="izh-engine-reader").start()
+    try:
+        core = EngineCore(config)
+    except Exception as exc:
+        log.exception("engine failed to start")
+        out.send([Fatal(f"engine failed to start: {exc}")])
+        return 1
+    out.send([core.ready()])
+
+    while True:
+        msgs = [inbox.get()] if not core.has_work else []
+        while True:
+            try:
+                msgs.append(inbox.get_nowait())
+            except queue.Empty:
+                break
+        replies: list[Message] = []
+        changed = False
+        for msg in msgs:
+            if msg is _EOF or isinstance(msg, Shutdown):
+                return 0
+            if isinstance(msg, Exception):
+                out.send([Fatal(f"protocol error from the frontend: {msg}")])
+                return 2
+            if isinstance(msg, AddRequest):
+                failed = core.add_request(msg)
+                if failed is not None:
+                    replies.append(failed)
+            elif isinstance(msg, Abort):
+                core.abort(msg.request_ids)
+            changed = True
+        if core.has_work:
+            try:
+                outputs = core.step()
+            except Exception:
+                log.exception("engine step failed")
+                out.send([Fatal("engine step failed: " + traceback.format_exc(limit=4))])
+                return 3
+            if outputs:
+                replies.append(StepOutputs(outputs))
+            changed = True
+        if changed:
+            replies.append(core.stats())
+        if replies:
+            out.send(replies)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="izh_trio.engine")
+    parser.add_argument("--in-fd", type=int, required=True)
+    parser.add_argument("--out-fd", type=int, required=True)
+    parser.add_argument("--config", required=True, help="EngineConfig as JSON")
+    args = parser.parse_args(argv)
+    _die_with_parent()
+    logging.basicConfig(level=os.environ.get("IZH_ENGINE_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s engine %(levelname)s %(message)s")
+    config = converter.structure(json.loads(args.config), EngineConfig)
+    try:
+        return serve(config, args.in_fd, args.out_fd)
+    except BrokenPipeError:
+        return 0  # the server went away while we were writing

@@ -1,0 +1,74 @@
+"""Vectorised sampling over the step's batch.
+
+Sampling is ``argmax(p / E)`` with ``E ~ Exp(1)`` per vocabulary entry (the exponential race,
+equivalent to drawing from ``p``). A seeded request draws its ``E`` from its own generator,
+advanced once per sampled token, so its samples do not depend on what else is in the batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from izh_trio.engine.sequence import Sequence
+
+
+class Sampler:
+    def __init__(self, seed: int) -> None:
+        self._generator = torch.Generator().manual_seed(seed)
+        self._seeded: dict[str, torch.Generator] = {}
+
+    def forget(self, request_id: str) -> None:
+        self._seeded.pop(request_id, None)
+
+    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+        """logits: [S, V] fp32, one row per sequence in ``seqs``."""
+        greedy = logits.argmax(dim=-1)
+        random_rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
+        if not random_rows:
+            return greedy.tolist()
+        rows = torch.tensor(random_rows)
+        params = [seqs[i].params for i in random_rows]
+        scaled = logits[rows] / torch.tensor([p.temperature for p in params])[:, None]
+        probs = _filtered_probs(
+            scaled,
+            top_k=torch.tensor([p.top_k if p.top_k > 0 else scaled.shape[-1] for p in params]),
+            top_p=torch.tensor([p.top_p for p in params]),
+            min_p=torch.tensor([p.min_p for p in params]),
+        )
+        noise = torch.empty_like(probs)
+        unseeded = [j for j, p in enumerate(params) if p.seed is None]
+        if unseeded:
+            noise[unseeded] = torch.empty(len(unseeded), probs.shape[-1]).exponential_(
+                generator=self._generator
+            )
+        for j, p in enumerate(params):
+            if p.seed is not None:
+                rid = seqs[random_rows[j]].request_id
+                gen = self._seeded.get(rid)
+                if gen is None:
+                    gen = self._seeded[rid] = torch.Generator().manual_seed(p.seed)
+                noise[j].exponential_(generator=gen)
+        greedy[rows] = (probs / noise).argmax(dim=-1)
+        return greedy.tolist()
+
+
+def _filtered_probs(
+    logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
+) -> torch.Tensor:
+    """Softmax restricted by top-k, then top-p (nucleus), then min-p; rows renormalised."""
+    vocab = logits.shape[-1]
+    if bool((top_k < vocab).any()) or bool((top_p < 1.0).any()):
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        ranks = torch.arange(vocab)[None, :]
+        sorted_logits = sorted_logits.masked_fill(ranks >= top_k[:, None], float("-inf"))
+        sorted_probs = sorted_logits.softmax(dim=-1)
+        # Drop a token when the mass before it already reaches top_p (the first always stays).
+        before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        sorted_logits = sorted_logits.masked_fill(before >= top_p[:, None], float("-inf"))
+        logits = torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+    probs = logits.softmax(dim=-1)
+    if bool((min_p > 0).any()):
+        floor = probs.max(dim=-1, keepdim=True).values * min_p[:, None]
+        probs = probs.masked_fill(probs < floor, 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs

@@ -1,0 +1,43 @@
+"""The only code both processes import: messages, sampling parameters and the frame codec."""
+
+from izh_trio.wire.codec import FrameDecoder, ProtocolError, encode_frame
+from izh_trio.wire.messages import (
+    Abort,
+    AddRequest,
+    EngineConfig,
+    Fatal,
+    FinishReason,
+    FromCore,
+    Message,
+    ModelInfo,
+    Ready,
+    RequestFailed,
+    RequestOutput,
+    Shutdown,
+    Stats,
+    StepOutputs,
+    ToCore,
+)
+from izh_trio.wire.sampling import SamplingParams
+
+__all__ = [
+    "Abort",
+    "AddRequest",
+    "EngineConfig",
+    "Fatal",
+    "FinishReason",
+    "FrameDecoder",
+    "FromCore",
+    "Message",
+    "ModelInfo",
+    "ProtocolError",
+    "Ready",
+    "RequestFailed",
+    "RequestOutput",
+    "SamplingParams",
+    "Shutdown",
+    "Stats",
+    "StepOutputs",
+    "ToCore",
+    "encode_frame",
+]

@@ -1,0 +1,100 @@
+"""Length-prefixed msgpack frames of tagged messages.
+
+A frame is ``u32 big-endian length`` + msgpack ``[[tag, body], ...]``: one frame carries every
+message of one engine step, so the pipe sees one write per step, not one per request.
+Anything that does not decode exactly is a :class:`ProtocolError`; the reader stops rather
+than guess where the next frame starts.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable
+
+import cattrs
+import msgpack
+from cattrs.preconf.msgpack import make_converter
+
+from izh_trio.wire import messages as m
+
+_LEN = struct.Struct(">I")
+HEADER_SIZE = _LEN.size
+#: A step's frame for thousands of requests is well under this; anything larger is corruption.
+MAX_FRAME_SIZE = 64 << 20
+
+# Tags are part of the protocol: append, never reorder.
+_TAGGED: tuple[type, ...] = (
+    m.AddRequest,
+    m.Abort,
+    m.Shutdown,
+    m.Ready,
+    m.StepOutputs,
+    m.RequestFailed,
+    m.Stats,
+    m.Fatal,
+)
+_TAG_OF = {cls: tag for tag, cls in enumerate(_TAGGED)}
+
+#: Unknown keys are an error: a field this side does not know is a version mismatch, not noise.
+converter = make_converter(forbid_extra_keys=True)
+
+
+class ProtocolError(Exception):
+    """The byte stream is not a valid frame sequence."""
+
+
+def encode_frame(messages: Iterable[m.Message]) -> bytes:
+    body = [[_TAG_OF[type(msg)], converter.unstructure(msg)] for msg in messages]
+    payload = msgpack.packb(body, use_bin_type=True)
+    if len(payload) > MAX_FRAME_SIZE:
+        raise ProtocolError(f"frame of {len(payload)} bytes exceeds {MAX_FRAME_SIZE}")
+    return _LEN.pack(len(payload)) + payload
+
+
+def decode_payload(payload: bytes) -> list[m.Message]:
+    try:
+        body = msgpack.unpackb(payload, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise ProtocolError(f"undecodable frame payload: {exc}") from exc
+    if not isinstance(body, list):
+        raise ProtocolError(f"frame payload is {type(body).__name__}, not a list")
+    out: list[m.Message] = []
+    for item in body:
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], int)):
+            raise ProtocolError(f"malformed message entry {item!r:.80}")
+        tag, fields = item
+        if not 0 <= tag < len(_TAGGED):
+            raise ProtocolError(f"unknown message tag {tag}")
+        try:
+            out.append(converter.structure(fields, _TAGGED[tag]))
+        except (cattrs.BaseValidationError, TypeError, ValueError) as exc:
+            name = _TAGGED[tag].__name__
+            raise ProtocolError(f"malformed {name}: {exc!r:.300}") from exc
+    return out
+
+
+class FrameDecoder:
+    """Incremental decoder: feed it bytes as they arrive, get whole messages back."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[m.Message]:
+        self._buf += data
+        out: list[m.Message] = []
+        while len(self._buf) >= HEADER_SIZE:
+            (size,) = _LEN.unpack_from(self._buf)
+            if size > MAX_FRAME_SIZE:
+                raise ProtocolError(f"frame length {size} exceeds {MAX_FRAME_SIZE}")
+            end = HEADER_SIZE + size
+            if len(self._buf) < end:
+                break
+            payload = bytes(self._buf[HEADER_SIZE:end])
+            del self._buf[:end]
+            out.extend(decode_payload(payload))
+        return out
+
+    @property
+    def pending(self) -> int:
+        """Bytes of an incomplete frame; non-zero at EOF means the peer died mid-write."""
+        return len(self._buf)

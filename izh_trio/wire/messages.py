@@ -1,0 +1,136 @@
+"""Every message that crosses the frontend/engine pipe.
+
+All are frozen attrs classes: a message is a value, built once and never edited on either side.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+from attrs import validators as v
+
+from izh_trio.wire.sampling import SamplingParams
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"  # an eos or stop token (or a stop string, found by the frontend)
+    LENGTH = "length"  # max_tokens or the context limit
+    ABORT = "abort"  # the frontend asked
+
+
+@attrs.frozen
+class EngineConfig:
+    """How the frontend asks the core to run; sent once, on the child's command line."""
+
+    model_dir: str
+    max_model_len: int | None = attrs.field(default=None, validator=v.optional(v.ge(1)))
+    max_num_seqs: int = attrs.field(default=256, validator=v.ge(1))
+    max_num_batched_tokens: int = attrs.field(default=2048, validator=v.ge(1))
+    block_size: int = attrs.field(default=16, validator=v.ge(1))
+    #: Explicit block count; when None it is derived from ``kv_cache_bytes``.
+    num_kv_blocks: int | None = attrs.field(default=None, validator=v.optional(v.ge(1)))
+    kv_cache_bytes: int = attrs.field(default=1 << 30, validator=v.ge(1))
+    dtype: str = attrs.field(
+        default="auto", validator=v.in_(("auto", "float32", "bfloat16", "float16"))
+    )
+    device: str = "cpu"
+    seed: int = 0
+    #: Torch intra-op threads in the core; 0 leaves torch's default.
+    num_threads: int = attrs.field(default=0, validator=v.ge(0))
+
+
+# ---------------------------------------------------------------- frontend -> core
+
+
+@attrs.frozen
+class AddRequest:
+    request_id: str
+    prompt_token_ids: tuple[int, ...] = attrs.field(converter=tuple)
+    params: SamplingParams
+    #: Lower runs first, as in vLLM.
+    priority: int = 0
+    #: Mixed into the prefix-cache hash chain: requests with different salts never share blocks.
+    cache_salt: str | None = None
+
+
+@attrs.frozen
+class Abort:
+    request_ids: tuple[str, ...] = attrs.field(converter=tuple)
+
+
+@attrs.frozen
+class Shutdown:
+    pass
+
+
+# ---------------------------------------------------------------- core -> frontend
+
+
+@attrs.frozen
+class ModelInfo:
+    architecture: str
+    vocab_size: int
+    dtype: str
+    device: str
+    eos_token_ids: tuple[int, ...] = attrs.field(converter=tuple)
+
+
+@attrs.frozen
+class Ready:
+    max_model_len: int
+    num_blocks: int
+    block_size: int
+    max_num_seqs: int
+    model: ModelInfo
+
+
+@attrs.frozen
+class RequestOutput:
+    """What one step did for one request. Token ids are only the new ones."""
+
+    request_id: str
+    new_token_ids: tuple[int, ...] = attrs.field(converter=tuple)
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_cached_tokens: int = 0
+    finish_reason: FinishReason | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@attrs.frozen
+class StepOutputs:
+    outputs: tuple[RequestOutput, ...] = attrs.field(converter=tuple)
+
+
+@attrs.frozen
+class RequestFailed:
+    """The core rejected one request; every other request goes on."""
+
+    request_id: str
+    message: str
+
+
+@attrs.frozen
+class Stats:
+    num_running: int
+    num_waiting: int
+    #: Fraction of KV blocks referenced by live requests (0 when idle).
+    kv_cache_usage: float
+    num_preemptions: int
+    num_steps: int
+
+
+@attrs.frozen
+class Fatal:
+    """The core's state can no longer be trusted; it exits after sending this."""
+
+    message: str
+
+
+ToCore = AddRequest | Abort | Shutdown
+FromCore = Ready | StepOutputs | RequestFailed | Stats | Fatal
+Message = ToCore | FromCore

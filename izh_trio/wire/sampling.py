@@ -1,0 +1,41 @@
+"""Sampling parameters: what the frontend resolved, what the engine obeys.
+
+The frontend fills every field (request values over ``generation_config.json`` defaults), so
+the engine never has to guess; validation here catches a frontend bug before it reaches a kernel.
+"""
+
+from __future__ import annotations
+
+import attrs
+from attrs import validators as v
+
+_non_negative = v.ge(0.0)
+
+
+def _token_ids(_inst: object, attribute: attrs.Attribute, value: tuple[int, ...]) -> None:
+    if any(not isinstance(t, int) or t < 0 for t in value):
+        raise ValueError(f"{attribute.name} must hold non-negative token ids, got {value!r}")
+
+
+@attrs.frozen
+class SamplingParams:
+    """One request's decoding recipe. ``temperature == 0`` means greedy."""
+
+    max_tokens: int = attrs.field(default=16, validator=v.ge(1))
+    temperature: float = attrs.field(default=1.0, converter=float, validator=_non_negative)
+    top_p: float = attrs.field(default=1.0, converter=float, validator=[v.gt(0.0), v.le(1.0)])
+    #: 0 (or -1, vLLM's spelling) disables top-k.
+    top_k: int = attrs.field(default=0, validator=v.ge(-1))
+    min_p: float = attrs.field(default=0.0, converter=float, validator=[v.ge(0.0), v.le(1.0)])
+    #: A seed makes this request's samples independent of whatever else is in the batch.
+    seed: int | None = attrs.field(default=None, validator=v.optional(v.instance_of(int)))
+    ignore_eos: bool = False
+    #: Extra ids that end the request; the checkpoint's eos ids are added by the engine.
+    stop_token_ids: tuple[int, ...] = attrs.field(
+        default=(), converter=tuple, validator=_token_ids
+    )
+    min_tokens: int = attrs.field(default=0, validator=v.ge(0))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
