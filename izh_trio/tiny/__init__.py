@@ -1,0 +1,5 @@
+"""A tiny random-weight Qwen3 checkpoint, built offline, for tests and local runs (no torch)."""
+
+from izh_trio.tiny.checkpoint import TinySpec, default_tiny_dir, make_tiny_checkpoint
+
+__all__ = ["TinySpec", "default_tiny_dir", "make_tiny_checkpoint"]
