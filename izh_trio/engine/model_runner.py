@@ -49,7 +49,7 @@ class ModelRunner:
         log.info("model %s: %s on %s, %d KV blocks of %d tokens, max_model_len %d", model_dir,
                  self.dtype, self.device, self.num_blocks, config.block_size, self.max_model_len)
 
-    def _prepare(self, batch: list[ScheduledSeq]):  # noqa: ANN202 - internal tuple
+    def _prepare(self, batch: list[ScheduledSeq]):
         bs = self.block_size
         prefills = [item for item in batch if item.num_new_tokens > 1]
         decodes = [item for item in batch if item.num_new_tokens == 1]

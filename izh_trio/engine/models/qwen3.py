@@ -99,7 +99,7 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, h, positions, meta, kv_cache):  # noqa: ANN001, ANN201 - hot path
+    def forward(self, h, positions, meta, kv_cache):
         h = h + self.self_attn(self.input_layernorm(h), positions, meta, kv_cache)
         return h + self.mlp(self.post_attention_layernorm(h))
 

@@ -1,0 +1,89 @@
+"""``izh-trio serve`` and ``izh-trio make-tiny``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from pathlib import Path
+
+import attrs
+import trio
+
+from izh_trio.frontend.settings import Settings
+
+
+def _serve_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve the OpenAI API for a Qwen3 checkpoint")
+    d = Settings()
+    p.add_argument("--model-dir", type=Path, default=None,
+                   help="Hugging Face Qwen3 directory (default: the embedded tiny model)")
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--host", default=d.host)
+    p.add_argument("--port", type=int, default=d.port)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
+    p.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
+    p.add_argument("--block-size", type=int, default=d.block_size)
+    p.add_argument("--num-kv-blocks", type=int, default=None)
+    p.add_argument("--kv-cache-gib", type=float, default=d.kv_cache_gib)
+    p.add_argument("--dtype", default=d.dtype,
+                   choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--device", default=d.device)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--engine-threads", type=int, default=d.engine_threads)
+    p.add_argument("--api-key", action="append", default=[], dest="api_keys",
+                   help="accepted Bearer key (repeatable)")
+    p.add_argument("--max-pending", type=int, default=d.max_pending,
+                   help="requests in flight beyond which new ones get 503 (0: no cap)")
+    p.add_argument("--startup-timeout", type=float, default=d.startup_timeout)
+    p.add_argument("--log-level", default="INFO")
+
+
+def _settings_from(args: argparse.Namespace) -> Settings:
+    names = {f.name for f in attrs.fields(Settings)}
+    return Settings(**{k: v for k, v in vars(args).items() if k in names})
+
+
+async def _until_signal() -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for _ in signals:
+            return
+
+
+def serve(settings: Settings) -> None:
+    from hypercorn.config import Config
+    from hypercorn.trio import serve as hypercorn_serve
+
+    from izh_trio.frontend.app import create_app
+
+    config = Config()
+    config.bind = [f"{settings.host}:{settings.port}"]
+    config.startup_timeout = settings.startup_timeout
+    config.accesslog = None
+    app = create_app(settings)
+    trio.run(lambda: hypercorn_serve(app, config, shutdown_trigger=_until_signal))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="izh-trio")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_parser(sub)
+    tiny = sub.add_parser("make-tiny", help="write the tiny random Qwen3 checkpoint to DIR")
+    tiny.add_argument("dir", type=Path)
+    args = parser.parse_args(argv)
+
+    if args.command == "make-tiny":
+        from izh_trio.tiny import make_tiny_checkpoint
+
+        print(make_tiny_checkpoint(args.dir))
+        return 0
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    serve(_settings_from(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

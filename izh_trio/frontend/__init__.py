@@ -1,0 +1,1 @@
+"""The HTTP frontend process: trio, quart-trio and the engine client. Never imports torch."""

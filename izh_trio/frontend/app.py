@@ -1,0 +1,74 @@
+"""The QuartTrio application: lifecycle, auth, errors, routes."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from typing import Any
+
+from quart import request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from izh_trio.frontend.admission import Admission
+from izh_trio.frontend.errors import APIError, error_body
+from izh_trio.frontend.routes import BLUEPRINTS
+from izh_trio.frontend.server import Server
+from izh_trio.frontend.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings) -> QuartTrio:
+    """Build the app; nothing heavy happens until hypercorn's lifespan startup."""
+    app = QuartTrio("izh_trio")
+    app.config.update(
+        RESPONSE_TIMEOUT=None,  # a long stream is legitimate; deadlines are per request
+        BODY_TIMEOUT=60,
+        MAX_CONTENT_LENGTH=32 << 20,
+    )
+    server = Server(settings)
+    app.extensions["izh"] = server
+    app.extensions["izh.admission"] = Admission(settings.max_pending)
+
+    @app.before_serving
+    async def _start() -> None:
+        await server.start(app.nursery)
+
+    @app.after_serving
+    async def _stop() -> None:
+        await server.stop()
+
+    @app.before_request
+    async def _authenticate() -> Any:
+        if not settings.api_keys or not request.path.startswith("/v1/"):
+            return None
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        supplied = token.strip().encode() if scheme.lower() == "bearer" else b""
+        # Compare against every key so timing reveals neither a match nor which key.
+        matched = False
+        for key in settings.api_keys:
+            matched |= hmac.compare_digest(supplied, key.encode())
+        if not matched:
+            return error_body(401, "invalid or missing API key", code="invalid_api_key"), 401
+        return None
+
+    @app.errorhandler(APIError)
+    async def _api_error(exc: APIError) -> Any:
+        return exc.body(), exc.status, exc.headers
+
+    @app.errorhandler(HTTPException)
+    async def _http_error(exc: HTTPException) -> Any:
+        status = exc.code or 500
+        headers = {"Allow": ", ".join(exc.valid_methods)} if getattr(
+            exc, "valid_methods", None) else {}
+        return error_body(status, exc.description or exc.name), status, headers
+
+    @app.errorhandler(Exception)
+    async def _unexpected(exc: Exception) -> Any:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return error_body(500, f"internal server error ({type(exc).__name__})"), 500
+
+    for bp in BLUEPRINTS:
+        app.register_blueprint(bp)
+    return app

@@ -1,0 +1,259 @@
+"""The frontend's handle on the engine core process.
+
+One reader task fans the core's frames out to per-request buffers; one writer task owns the
+pipe towards the core. Every request lives inside ``async with client.open_stream(...)``:
+leaving that block for any reason, cancellation included, queues an ``Abort`` with
+``send_nowait`` (no ``await``, so a cancel can never skip it) unless the core already said the
+request finished. That is the whole of the "a disconnect frees KV blocks" guarantee.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import math
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import attrs
+import trio
+
+from izh_trio.frontend.request_stream import RequestStream
+from izh_trio.wire import (
+    Abort,
+    AddRequest,
+    EngineConfig,
+    Fatal,
+    FrameDecoder,
+    ProtocolError,
+    Ready,
+    RequestFailed,
+    SamplingParams,
+    Shutdown,
+    Stats,
+    StepOutputs,
+    ToCore,
+    encode_frame,
+)
+from izh_trio.wire.codec import converter
+
+log = logging.getLogger(__name__)
+
+
+class ClientState(enum.Enum):
+    """STARTING -> READY -> (FAILED | CLOSED); STARTING -> FAILED when the core can't load."""
+
+    STARTING = "starting"
+    READY = "ready"
+    FAILED = "failed"
+    CLOSED = "closed"
+
+
+class EngineUnavailable(Exception):
+    """The core is not (or no longer) able to take requests."""
+
+
+@attrs.define
+class ClientStatistics:
+    state: ClientState
+    streams_open: int
+    stats: Stats | None
+
+
+class EngineClient:
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        startup_timeout: float = 600.0,
+        shutdown_timeout: float = 10.0,
+        max_buffered_tokens: int = 1 << 16,
+    ) -> None:
+        self.config = config
+        self.startup_timeout = startup_timeout
+        self.shutdown_timeout = shutdown_timeout
+        self.max_buffered_tokens = max_buffered_tokens
+        self.state = ClientState.STARTING
+        self.ready: Ready | None = None
+        self.stats: Stats | None = None
+        self.failure: str | None = None
+        self._streams: dict[str, RequestStream] = {}
+        self._to_core_send, self._to_core_recv = trio.open_memory_channel[ToCore](math.inf)
+        self._started = trio.Event()
+        self._process: trio.Process | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    async def run(self, *, task_status: trio.TaskStatus[EngineClient] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """Spawn the core, wait for Ready, then serve until closed or the core dies."""
+        child_in, parent_out = os.pipe()
+        parent_in, child_out = os.pipe()
+        cmd = [sys.executable, "-m", "izh_trio.engine", "--in-fd", str(child_in),
+               "--out-fd", str(child_out),
+               "--config", json.dumps(converter.unstructure(self.config))]
+        try:
+            self._process = await trio.lowlevel.open_process(
+                cmd, pass_fds=(child_in, child_out), stdin=subprocess.DEVNULL
+            )
+        finally:
+            os.close(child_in)
+            os.close(child_out)
+        to_core = trio.lowlevel.FdStream(parent_out)
+        from_core = trio.lowlevel.FdStream(parent_in)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._write_loop, to_core)
+                nursery.start_soon(self._read_loop, from_core)
+                with trio.move_on_after(self.startup_timeout):
+                    await self._started.wait()
+                if self.state is not ClientState.READY:
+                    self._fail(self.failure or "the engine core did not start in time")
+                    raise EngineUnavailable(self.failure)
+                task_status.started(self)
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._reap()
+
+    def close(self) -> None:
+        """Ask the core to stop; ``run`` returns once it has exited."""
+        if self.state in (ClientState.STARTING, ClientState.READY):
+            self.state = ClientState.CLOSED
+            self._queue(Shutdown())
+            self._to_core_send.close()
+            self._fail_streams("the server is shutting down")
+
+    async def _reap(self) -> None:
+        proc = self._process
+        if proc is None:
+            return
+        with trio.move_on_after(self.shutdown_timeout):
+            await proc.wait()
+        if proc.returncode is None:
+            log.warning("engine core did not exit in %.0fs; killing it", self.shutdown_timeout)
+            proc.send_signal(signal.SIGKILL)
+            await proc.wait()
+
+    def _fail(self, message: str) -> None:
+        if self.state in (ClientState.FAILED, ClientState.CLOSED):
+            return
+        log.error("engine core failed: %s", message)
+        self.state = ClientState.FAILED
+        self.failure = message
+        self._to_core_send.close()
+        self._started.set()
+        self._fail_streams(message)
+
+    def _fail_streams(self, message: str) -> None:
+        for stream in self._streams.values():
+            stream.fail(message)
+
+    @property
+    def healthy(self) -> bool:
+        return self.state is ClientState.READY
+
+    def statistics(self) -> ClientStatistics:
+        return ClientStatistics(self.state, len(self._streams), self.stats)
+
+    # ------------------------------------------------------------------ pipe tasks
+    def _queue(self, msg: ToCore) -> None:
+        try:
+            self._to_core_send.send_nowait(msg)
+        except trio.ClosedResourceError:
+            pass  # the core is gone; there is nothing left to tell it
+
+    async def _write_loop(self, stream: trio.lowlevel.FdStream) -> None:
+        async with stream, self._to_core_recv:
+            async for first in self._to_core_recv:
+                batch = [first]
+                while True:  # one frame for everything queued since the last write
+                    try:
+                        batch.append(self._to_core_recv.receive_nowait())
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                try:
+                    await stream.send_all(encode_frame(batch))
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    self._fail("the engine core's pipe closed")
+                    return
+
+    async def _read_loop(self, stream: trio.lowlevel.FdStream) -> None:
+        decoder = FrameDecoder()
+        async with stream:
+            while True:
+                try:
+                    data = await stream.receive_some(1 << 16)
+                except trio.BrokenResourceError:
+                    data = b""
+                if not data:
+                    self._fail(self.failure or "the engine core exited unexpectedly")
+                    return
+                try:
+                    messages = decoder.feed(data)
+                except ProtocolError as exc:
+                    self._fail(f"protocol error from the engine core: {exc}")
+                    return
+                for msg in messages:
+                    self._dispatch(msg)
+
+    def _dispatch(self, msg: object) -> None:
+        if isinstance(msg, StepOutputs):
+            for out in msg.outputs:
+                stream = self._streams.get(out.request_id)
+                if stream is not None:
+                    stream.push(out)
+        elif isinstance(msg, Stats):
+            self.stats = msg
+        elif isinstance(msg, RequestFailed):
+            stream = self._streams.get(msg.request_id)
+            if stream is not None:
+                stream.reject(msg.message)
+        elif isinstance(msg, Ready):
+            self.ready = msg
+            if self.state is ClientState.STARTING:
+                self.state = ClientState.READY
+            self._started.set()
+        elif isinstance(msg, Fatal):
+            self._fail(msg.message)
+        else:
+            self._fail(f"unexpected message from the engine core: {msg!r:.200}")
+
+    # ------------------------------------------------------------------ requests
+    @asynccontextmanager
+    async def open_stream(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        priority: int = 0,
+        cache_salt: str | None = None,
+    ) -> AsyncIterator[RequestStream]:
+        if self.state is not ClientState.READY:
+            raise EngineUnavailable(self.failure or f"the engine is {self.state.value}")
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already in flight")
+        stream = RequestStream(request_id, len(prompt_token_ids), self.max_buffered_tokens)
+        self._streams[request_id] = stream
+        self._queue(AddRequest(request_id, prompt_token_ids, params, priority, cache_salt))
+        try:
+            yield stream
+        finally:
+            del self._streams[request_id]
+            if not stream.done_in_core:
+                self._queue(Abort((request_id,)))
+
+    async def wait_idle(self, timeout: float) -> Stats | None:
+        """Poll until the core reports nothing running and no KV in use (tests, drain)."""
+        with trio.move_on_after(timeout):
+            while True:
+                s = self.stats
+                if s is not None and not self._streams and s.num_running == 0 \
+                        and s.num_waiting == 0 and s.kv_cache_usage == 0.0:
+                    return s
+                await trio.sleep(0.01)
+        return self.stats

@@ -1,0 +1,67 @@
+"""Prometheus metrics with vLLM's names under an ``izh:`` prefix, one registry per app."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from izh_trio.wire import Stats
+
+disable_created_metrics()  # the *_created series only add noise to every scrape
+
+_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0)
+
+
+class _EngineCollector(Collector):
+    """Gauges read from the core's latest Stats at scrape time: no per-step bookkeeping."""
+
+    def __init__(self, get_stats: Callable[[], Stats | None], healthy: Callable[[], bool]):
+        self._get_stats = get_stats
+        self._healthy = healthy
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        s = self._get_stats()
+        yield GaugeMetricFamily("izh:num_requests_running", "Requests in the running batch.",
+                                value=s.num_running if s else 0)
+        yield GaugeMetricFamily("izh:num_requests_waiting", "Requests waiting to run.",
+                                value=s.num_waiting if s else 0)
+        yield GaugeMetricFamily("izh:kv_cache_usage_perc",
+                                "Fraction of KV-cache blocks held by live requests (0-1).",
+                                value=s.kv_cache_usage if s else 0.0)
+        yield CounterMetricFamily("izh:num_preemptions", "Preemptions by recompute.",
+                                  value=s.num_preemptions if s else 0)
+        yield GaugeMetricFamily("izh:engine_healthy", "1 while the engine core serves.",
+                                value=1.0 if self._healthy() else 0.0)
+
+
+class Metrics:
+    def __init__(self, get_stats: Callable[[], Stats | None], healthy: Callable[[], bool]):
+        self.registry = r = CollectorRegistry()
+        r.register(_EngineCollector(get_stats, healthy))
+        self.request_success = Counter("izh:request_success", "Finished requests.",
+                                       ["finished_reason"], registry=r)
+        self.prompt_tokens = Counter("izh:prompt_tokens", "Prefill tokens processed.",
+                                     registry=r)
+        self.generation_tokens = Counter("izh:generation_tokens", "Tokens generated.",
+                                         registry=r)
+        self.ttft = Histogram("izh:time_to_first_token_seconds",
+                              "Arrival to first token, as the client sees it.",
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("izh:inter_token_latency_seconds",
+                             "Time between successive token deliveries.",
+                             buckets=_LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram("izh:e2e_request_latency_seconds", "Arrival to last token.",
+                             buckets=_LATENCY_BUCKETS, registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

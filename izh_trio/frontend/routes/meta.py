@@ -1,0 +1,56 @@
+"""Routes about the server rather than a generation: models, health, metrics, version."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from quart import Blueprint, Response, current_app
+
+from izh_trio import __version__
+from izh_trio.frontend.errors import error_body
+from izh_trio.frontend.server import Server, ServerState
+
+bp = Blueprint("meta", __name__)
+
+
+def _server() -> Server:
+    return current_app.extensions["izh"]
+
+
+@bp.get("/v1/models")
+async def models() -> Any:
+    server = _server()
+    ready = server.client.ready if server.client else None
+    card = {"id": server.model_name, "object": "model", "created": int(time.time()),
+            "owned_by": "izh_trio", "root": str(server.model_dir), "parent": None,
+            "max_model_len": ready.max_model_len if ready else None}
+    return {"object": "list", "data": [card]}
+
+
+@bp.get("/health")
+async def health() -> Any:
+    """200 while the engine core is alive and serving; 503 tells an orchestrator to restart."""
+    server = _server()
+    if server.healthy():
+        return {"status": "ok"}
+    reason = (server.client.failure if server.client else None) or server.state.value
+    return error_body(503, f"unhealthy: {reason}"), 503
+
+
+@bp.get("/ready")
+async def ready() -> Any:
+    server = _server()
+    if server.healthy() and server.state is ServerState.SERVING:
+        return {"status": "ready"}
+    return error_body(503, f"not ready: {server.state.value}"), 503
+
+
+@bp.get("/metrics")
+async def metrics() -> Response:
+    return Response(_server().metrics.render(), mimetype="text/plain; version=0.0.4")
+
+
+@bp.get("/version")
+async def version() -> Any:
+    return {"version": __version__}

@@ -1,0 +1,97 @@
+"""Server settings: one attrs class, from CLI flags or ``IZH_*`` environment variables."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import attrs
+from attrs import validators as v
+
+from izh_trio.wire import EngineConfig
+
+
+def _opt_int(value: str | None) -> int | None:
+    return None if value in (None, "") else int(value)
+
+
+@attrs.frozen
+class Settings:
+    """Everything the server is told; the engine's share becomes an ``EngineConfig``."""
+
+    #: None: build (once, cached) the embedded tiny random Qwen3 checkpoint.
+    model_dir: Path | None = attrs.field(
+        default=None, converter=attrs.converters.optional(Path)
+    )
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int = attrs.field(default=8000, validator=[v.ge(0), v.le(65535)])
+    max_model_len: int | None = attrs.field(default=None, validator=v.optional(v.ge(1)))
+    max_num_seqs: int = attrs.field(default=256, validator=v.ge(1))
+    max_num_batched_tokens: int = attrs.field(default=2048, validator=v.ge(1))
+    block_size: int = attrs.field(default=16, validator=v.ge(1))
+    num_kv_blocks: int | None = attrs.field(default=None, validator=v.optional(v.ge(1)))
+    kv_cache_gib: float = attrs.field(default=1.0, validator=v.gt(0))
+    dtype: str = attrs.field(default="auto", validator=v.in_(("auto", "float32", "bfloat16",
+                                                                "float16")))
+    device: str = "cpu"
+    seed: int = 0
+    engine_threads: int = attrs.field(default=0, validator=v.ge(0))
+    api_keys: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    #: Requests in flight beyond which new ones get 503 (0: no cap).
+    max_pending: int = attrs.field(default=0, validator=v.ge(0))
+    startup_timeout: float = attrs.field(default=600.0, validator=v.gt(0))
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
+        env = dict(os.environ if env is None else env)
+
+        def get(name: str) -> str | None:
+            value = env.get("IZH_" + name)
+            return value if value not in (None, "") else None
+
+        fields = {
+            "model_dir": get("MODEL_DIR"),
+            "served_model_name": get("SERVED_MODEL_NAME"),
+            "host": get("HOST"),
+            "port": _opt_int(get("PORT")),
+            "max_model_len": _opt_int(get("MAX_MODEL_LEN")),
+            "max_num_seqs": _opt_int(get("MAX_NUM_SEQS")),
+            "max_num_batched_tokens": _opt_int(get("MAX_NUM_BATCHED_TOKENS")),
+            "block_size": _opt_int(get("BLOCK_SIZE")),
+            "num_kv_blocks": _opt_int(get("NUM_KV_BLOCKS")),
+            "kv_cache_gib": float(get("KV_CACHE_GIB")) if get("KV_CACHE_GIB") else None,
+            "dtype": get("DTYPE"),
+            "device": get("DEVICE"),
+            "seed": _opt_int(get("SEED")),
+            "engine_threads": _opt_int(get("ENGINE_THREADS")),
+            "api_keys": tuple(k for k in (get("API_KEY") or "").split(",") if k) or None,
+            "max_pending": _opt_int(get("MAX_PENDING")),
+            "startup_timeout": float(get("STARTUP_TIMEOUT")) if get("STARTUP_TIMEOUT") else None,
+        }
+        return cls(**{k: val for k, val in fields.items() if val is not None})
+
+    def resolve_model_dir(self) -> Path:
+        if self.model_dir is not None:
+            return self.model_dir
+        from izh_trio.tiny import default_tiny_dir
+
+        return default_tiny_dir()
+
+    def model_name(self, model_dir: Path) -> str:
+        return self.served_model_name or model_dir.resolve().name
+
+    def engine_config(self, model_dir: Path) -> EngineConfig:
+        return EngineConfig(
+            model_dir=str(model_dir),
+            max_model_len=self.max_model_len,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            block_size=self.block_size,
+            num_kv_blocks=self.num_kv_blocks,
+            kv_cache_bytes=int(self.kv_cache_gib * (1 << 30)),
+            dtype=self.dtype,
+            device=self.device,
+            seed=self.seed,
+            num_threads=self.engine_threads,
+        )

@@ -1,0 +1,56 @@
+"""The checkpoint's tokenizer and generation defaults, as the frontend needs them.
+
+Only ``tokenizers`` (Rust) is used: no transformers, no torch in the HTTP process.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import attrs
+from tokenizers import Tokenizer
+
+
+@attrs.frozen
+class GenerationDefaults:
+    """Sampling values a request leaves unset: ``generation_config.json``'s, else neutral ones."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+
+    @classmethod
+    def from_file(cls, path: Path) -> GenerationDefaults:
+        if not path.is_file():
+            return cls()
+        raw = json.loads(path.read_text())
+        if raw.get("do_sample") is False:  # the checkpoint asks for greedy decoding
+            return cls(temperature=0.0)
+        fields = {name: raw[name] for name in ("temperature", "top_p", "top_k", "min_p")
+                  if isinstance(raw.get(name), int | float) and not isinstance(raw[name], bool)}
+        return cls(**fields)
+
+
+class ModelTokenizer:
+    def __init__(self, model_dir: Path) -> None:
+        path = model_dir / "tokenizer.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{model_dir} has no tokenizer.json")
+        self.tokenizer = Tokenizer.from_file(str(path))
+        config_path = model_dir / "tokenizer_config.json"
+        self.config: dict[str, Any] = (
+            json.loads(config_path.read_text()) if config_path.is_file() else {}
+        )
+        self.chat_template: str | None = self.config.get("chat_template")
+        self.defaults = GenerationDefaults.from_file(model_dir / "generation_config.json")
+        self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        # Qwen3 adds no BOS; special-token text in a prompt is parsed as the special token.
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
