@@ -156,6 +156,7 @@ class Scheduler:
         params = seq.params
         if seq.num_output_tokens >= params.min_tokens and token in seq.stop_token_ids:
             return FinishReason.STOP
-        if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.config.max_model_len:
+        if (seq.num_output_tokens >= params.max_tokens
+                or seq.num_tokens >= self.config.max_model_len):
             return FinishReason.LENGTH
         return None

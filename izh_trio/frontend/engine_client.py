@@ -9,6 +9,7 @@ request finished. That is the whole of the "a disconnect frees KV blocks" guaran
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import logging
@@ -161,10 +162,9 @@ class EngineClient:
 
     # ------------------------------------------------------------------ pipe tasks
     def _queue(self, msg: ToCore) -> None:
-        try:
+        # A closed channel means the core is gone: there is nothing left to tell it.
+        with contextlib.suppress(trio.ClosedResourceError):
             self._to_core_send.send_nowait(msg)
-        except trio.ClosedResourceError:
-            pass  # the core is gone; there is nothing left to tell it
 
     async def _write_loop(self, stream: trio.lowlevel.FdStream) -> None:
         async with stream, self._to_core_recv:

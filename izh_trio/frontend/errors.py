@@ -1,4 +1,4 @@
-"""OpenAI-format errors: ``{"error": {"message", "type", "param", "code"}}`` with the right status."""
+"""OpenAI-format errors: ``{"error": {"message", "type", "param", "code"}}``, right status."""
 
 from __future__ import annotations
 
