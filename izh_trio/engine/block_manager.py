@@ -30,7 +30,9 @@ class Block:
 def chain_hash(parent: bytes | None, token_ids: list[int], salt: str | None) -> bytes:
     h = hashlib.sha256(parent or b"\0" * 32)
     if parent is None and salt is not None:
-        h.update(salt.encode())
+        # Length-prefixed, so that even the empty salt differs from no salt.
+        data = salt.encode()
+        h.update(len(data).to_bytes(8, "little") + data)
     h.update(array("q", token_ids).tobytes())
     return h.digest()
 

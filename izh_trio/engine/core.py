@@ -40,6 +40,8 @@ class EngineCore:
         )
         self.sampler = Sampler(config.seed)
         self.num_steps = 0
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
 
     def ready(self) -> Ready:
         cfg = self.runner.model_config
@@ -113,6 +115,9 @@ class EngineCore:
             reason = self.scheduler.advance(item, token)
             if token is None:
                 continue
+            self.generation_tokens_total += 1
+            if seq.num_output_tokens == 1:
+                self.prompt_tokens_total += seq.num_prompt_tokens
             if reason is not None:
                 self.scheduler.finish(seq, reason)
                 self.sampler.forget(seq.request_id)
@@ -134,4 +139,6 @@ class EngineCore:
             kv_cache_usage=self.block_manager.usage,
             num_preemptions=self.scheduler.num_preemptions,
             num_steps=self.num_steps,
+            prompt_tokens_total=self.prompt_tokens_total,
+            generation_tokens_total=self.generation_tokens_total,
         )

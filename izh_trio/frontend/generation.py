@@ -79,11 +79,9 @@ async def generate(
                 now = time.monotonic()
                 if last is None:
                     metrics.ttft.observe(now - arrival)
-                    metrics.prompt_tokens.inc(delta.num_prompt_tokens)
                 else:
                     metrics.itl.observe(now - last)
                 last = now
-                metrics.generation_tokens.inc(len(delta.token_ids))
                 reason = delta.finish_reason.value if delta.finish_reason else None
                 if reason is not None:
                     metrics.e2e.observe(now - arrival)

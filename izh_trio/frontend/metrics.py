@@ -40,6 +40,10 @@ class _EngineCollector(Collector):
                                 value=s.kv_cache_usage if s else 0.0)
         yield CounterMetricFamily("izh:num_preemptions", "Preemptions by recompute.",
                                   value=s.num_preemptions if s else 0)
+        yield CounterMetricFamily("izh:prompt_tokens", "Prompt tokens of started requests.",
+                                  value=s.prompt_tokens_total if s else 0)
+        yield CounterMetricFamily("izh:generation_tokens", "Tokens sampled by the engine.",
+                                  value=s.generation_tokens_total if s else 0)
         yield GaugeMetricFamily("izh:engine_healthy", "1 while the engine core serves.",
                                 value=1.0 if self._healthy() else 0.0)
 
@@ -50,10 +54,6 @@ class Metrics:
         r.register(_EngineCollector(get_stats, healthy))
         self.request_success = Counter("izh:request_success", "Finished requests.",
                                        ["finished_reason"], registry=r)
-        self.prompt_tokens = Counter("izh:prompt_tokens", "Prefill tokens processed.",
-                                     registry=r)
-        self.generation_tokens = Counter("izh:generation_tokens", "Tokens generated.",
-                                         registry=r)
         self.ttft = Histogram("izh:time_to_first_token_seconds",
                               "Arrival to first token, as the client sees it.",
                               buckets=_LATENCY_BUCKETS, registry=r)

@@ -9,7 +9,9 @@ than guess where the next frame starts.
 from __future__ import annotations
 
 import struct
+import typing
 from collections.abc import Iterable
+from typing import Any
 
 import cattrs
 import msgpack
@@ -39,6 +41,40 @@ _TAG_OF = {cls: tag for tag, cls in enumerate(_TAGGED)}
 converter = make_converter(forbid_extra_keys=True)
 
 
+# cattrs' default hooks coerce (``str(x)``, ``int("5")``, ``bool("no")``, a string as a tuple of
+# characters); on the wire a value of the wrong type is an error, like an unknown key.
+def _strict(kind: type, check: typing.Callable[[Any], bool]) -> None:
+    def hook(value: Any, _type: type) -> Any:
+        if not check(value):
+            raise TypeError(f"expected {kind.__name__}, got {type(value).__name__}")
+        return kind(value)
+
+    converter.register_structure_hook(kind, hook)
+
+
+_strict(int, lambda x: type(x) is int)
+_strict(float, lambda x: type(x) in (int, float))  # an int where a float belongs loses nothing
+_strict(bool, lambda x: type(x) is bool)
+_strict(str, lambda x: type(x) is str)
+
+
+def _is_homogeneous_tuple(tp: Any) -> bool:
+    args = typing.get_args(tp)
+    return typing.get_origin(tp) is tuple and len(args) == 2 and args[1] is Ellipsis
+
+
+@converter.register_structure_hook_factory(_is_homogeneous_tuple)
+def _strict_tuple(tp: Any) -> typing.Callable[[Any, Any], tuple]:
+    item = typing.get_args(tp)[0]
+
+    def hook(value: Any, _type: Any) -> tuple:
+        if type(value) is not list:
+            raise TypeError(f"expected an array, got {type(value).__name__}")
+        return tuple(converter.structure(x, item) for x in value)
+
+    return hook
+
+
 class ProtocolError(Exception):
     """The byte stream is not a valid frame sequence."""
 
@@ -60,7 +96,12 @@ def decode_payload(payload: bytes) -> list[m.Message]:
         raise ProtocolError(f"frame payload is {type(body).__name__}, not a list")
     out: list[m.Message] = []
     for item in body:
-        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], int)):
+        if not (
+            isinstance(item, list)
+            and len(item) == 2
+            and type(item[0]) is int  # not a bool
+            and isinstance(item[1], dict)
+        ):
             raise ProtocolError(f"malformed message entry {item!r:.80}")
         tag, fields = item
         if not 0 <= tag < len(_TAGGED):

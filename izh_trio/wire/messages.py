@@ -122,6 +122,10 @@ class Stats:
     kv_cache_usage: float
     num_preemptions: int
     num_steps: int
+    #: Cumulative, counted where the work happens: prompts of requests that produced a token,
+    #: and every token sampled (aborted requests' included).
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
 
 
 @attrs.frozen

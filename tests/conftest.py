@@ -1,0 +1,45 @@
+"""Shared fixtures: real checkpoints on disk, built once per test session."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from izh_trio.tiny import make_tiny_checkpoint
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Our embedded checkpoint: untied head, trained tokenizer, Qwen3 chat template."""
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny")
+
+
+def save_transformers_qwen3(
+    out: Path, tokenizer_dir: Path, *, tie: bool = True, seed: int = 0, **overrides: object
+) -> Path:
+    """A random Qwen3 written by transformers' own save_pretrained, with our tokenizer files."""
+    import torch
+    import transformers
+
+    fields = dict(vocab_size=2000, hidden_size=128, intermediate_size=384, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                  max_position_embeddings=2048, tie_word_embeddings=tie, rope_theta=10000.0,
+                  eos_token_id=1993, bos_token_id=1991)
+    fields.update(overrides)
+    config = transformers.Qwen3Config(**fields)
+    torch.manual_seed(seed)
+    model = transformers.Qwen3ForCausalLM(config)
+    model.save_pretrained(out)
+    for name in TOKENIZER_FILES:
+        shutil.copy(tokenizer_dir / name, out / name)
+    return out
+
+
+@pytest.fixture(scope="session")
+def hf_dir(tmp_path_factory: pytest.TempPathFactory, tiny_dir: Path) -> Path:
+    """A transformers-made Qwen3 with a tied head, as Qwen3-0.6B has."""
+    return save_transformers_qwen3(tmp_path_factory.mktemp("ckpt") / "hf-qwen3", tiny_dir)

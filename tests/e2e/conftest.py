@@ -1,0 +1,93 @@
+"""Real servers for end-to-end tests: separate processes on 127.0.0.1, torn down after."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def running_server(
+    args: list[str], log_path: Path, *, env: dict[str, str] | None = None, port: int,
+    timeout: float = 120.0,
+) -> Iterator[tuple[str, subprocess.Popen]]:
+    """Start a server process, wait for /health, yield (base URL, process), stop it."""
+    full_env = {**os.environ, **(env or {})}
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=full_env,
+                                stdin=subprocess.DEVNULL)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"server exited {proc.returncode}:\n"
+                                       + log_path.read_text()[-3000:])
+                try:
+                    if httpx.get(base + "/health", timeout=1).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError("server did not become healthy:\n"
+                                       + log_path.read_text()[-3000:])
+                time.sleep(0.1)
+            yield base, proc
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
+def serve_args(model_dir: Path | None, port: int, *extra: str) -> list[str]:
+    args = [sys.executable, "-m", "izh_trio", "serve", "--port", str(port)]
+    if model_dir is not None:
+        args += ["--model-dir", str(model_dir)]
+    return [*args, *extra]
+
+
+@pytest.fixture(scope="session")
+def server(hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``izh-trio serve`` on a transformers-made checkpoint, shared by the e2e tests."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("logs") / "server.log"
+    with running_server(serve_args(hf_dir, port, "--served-model-name", "qwen3-test"), log,
+                        port=port) as (base, _proc):
+        yield base
+
+
+def engine_pid(server_pid: int) -> int:
+    """The engine core is the server's only child process."""
+    children = Path(f"/proc/{server_pid}/task/{server_pid}/children").read_text().split()
+    assert len(children) == 1, children
+    return int(children[0])
+
+
+def scrape(base: str) -> dict[str, float]:
+    text = httpx.get(base + "/metrics", timeout=5).text
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out

@@ -1,0 +1,117 @@
+"""The two ways to start the server both answer, on real checkpoints, through real HTTP."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import torch
+import transformers
+
+from tests.e2e.conftest import free_port, running_server, serve_args
+
+
+def test_greedy_tokens_equal_transformers(server: str, hf_dir: Path) -> None:
+    """Acceptance: temperature 0 + ignore_eos gives exactly transformers' greedy tokens."""
+    client = openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0)
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+    for prompt in ([5, 17, 230, 1400, 9], list(range(200, 260)), [1992, 882, 198]):
+        out = client.completions.create(model="qwen3-test", prompt=prompt, max_tokens=40,
+                                        temperature=0, extra_body={"ignore_eos": True})
+        ref = model.generate(torch.tensor([prompt]), max_new_tokens=40, min_new_tokens=40,
+                             do_sample=False)[0, len(prompt):].tolist()
+        tok = transformers.AutoTokenizer.from_pretrained(hf_dir)
+        assert out.choices[0].text == tok.decode(ref, skip_special_tokens=True)
+        assert out.usage.completion_tokens == 40
+        assert out.usage.prompt_tokens == len(prompt)
+        assert out.choices[0].finish_reason == "length"
+
+
+def test_stream_reassembles_to_the_same_text(server: str) -> None:
+    client = openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0)
+    kwargs = dict(model="qwen3-test", prompt="Once upon a time", max_tokens=30, temperature=0,
+                  extra_body={"ignore_eos": True})
+    whole = client.completions.create(**kwargs)
+    chunks = list(client.completions.create(**kwargs, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+    assert chunks[-2].choices[0].finish_reason == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 30
+    assert {c.id for c in chunks} == {chunks[0].id}
+
+
+def test_seeded_sampling_is_reproducible(server: str) -> None:
+    client = openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0)
+    kwargs = dict(model="qwen3-test", prompt="A", max_tokens=20, temperature=1.0, top_p=0.9,
+                  seed=1234, extra_body={"ignore_eos": True, "min_p": 0.01, "top_k": 50})
+    assert len({client.completions.create(**kwargs).choices[0].text for _ in range(3)}) == 1
+
+
+def test_models_health_and_metrics(server: str) -> None:
+    models = httpx.get(server + "/v1/models").json()
+    assert [m["id"] for m in models["data"]] == ["qwen3-test"]
+    assert httpx.get(server + "/health").status_code == 200
+    metrics = httpx.get(server + "/metrics").text
+    for name in ("izh:num_requests_running", "izh:num_requests_waiting",
+                 "izh:kv_cache_usage_perc", "izh:time_to_first_token_seconds_bucket"):
+        assert name in metrics
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        (b"{not json", 400, None),
+        (b'{"prompt": "x", "max_tokens": "5"}', 400, "max_tokens"),
+        (b'{"prompt": "x", "temperature": -1}', 400, "temperature"),
+        (b'{"max_tokens": 5}', 400, "prompt"),
+        (b'{"prompt": ""}', 400, "prompt"),
+        (b'{"prompt": [1, 2, 999999]}', 400, "prompt"),
+        (b'{"prompt": "x", "max_tokens": 100000}', 400, "max_tokens"),
+        (b'{"prompt": "x", "model": "nope"}', 404, "model"),
+    ],
+)
+def test_bad_requests_get_openai_errors(server: str, body: bytes, status: int, param) -> None:
+    r = httpx.post(server + "/v1/completions", content=body,
+                   headers={"Content-Type": "application/json"})
+    assert r.status_code == status
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["param"] == param
+    assert "Traceback" not in r.text
+    assert httpx.get(server + "/health").status_code == 200
+
+
+def test_unknown_route_and_method(server: str) -> None:
+    assert httpx.get(server + "/v1/nothing").json()["error"]["code"] == 404
+    r = httpx.get(server + "/v1/completions")
+    assert r.status_code == 405 and "error" in r.json()
+
+
+def test_hypercorn_cli_serves_the_default_tiny_model(tmp_path: Path) -> None:
+    """``hypercorn -k trio izh_trio.app:app`` with IZH_* settings; no model: the tiny one."""
+    port = free_port()
+    args = [sys.executable, "-m", "hypercorn", "-k", "trio", "--bind", f"127.0.0.1:{port}",
+            "izh_trio.app:app"]
+    env = {"IZH_CACHE_DIR": str(tmp_path / "cache"), "IZH_SERVED_MODEL_NAME": "tiny"}
+    with running_server(args, tmp_path / "log", env=env, port=port) as (base, _):
+        r = httpx.post(base + "/v1/completions", json={"prompt": "Hello", "max_tokens": 8,
+                                                       "model": "tiny"}, timeout=30)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] >= 1
+    assert (tmp_path / "cache" / "tiny-qwen3-v2" / "model.safetensors").is_file()
+
+
+def test_process_boundary_imports() -> None:
+    """The frontend never loads torch; the engine never loads trio."""
+    check = ("import sys, {mod}; bad = [m for m in {banned} if m in sys.modules]; "
+             "assert not bad, bad")
+    for mod, banned in [("izh_trio.app", ["torch", "triton"]),
+                        ("izh_trio.cli", ["torch", "triton"]),
+                        ("izh_trio.engine.core", ["trio", "quart", "hypercorn"]),
+                        ("izh_trio.engine.process", ["trio", "quart", "hypercorn"])]:
+        subprocess.run([sys.executable, "-c", check.format(mod=mod, banned=banned)],
+                       check=True)
