@@ -1,20 +1,21 @@
 """The engine core as a child process: frames in on one fd, frames out on another.
 
 The loop blocks on the pipe only when there is no work; otherwise it drains whatever arrived
-and steps. A reader thread turns bytes into messages so a step never waits on I/O. EOF on the
-input pipe (the server is gone) ends the process, and so does the parent's death (PDEATHSIG).
+and steps. A reader thread turns bytes into messages so a step never waits on I/O.
+
+EOF on the input pipe ends the process: the kernel closes the server's end when the server
+exits for any reason, SIGKILL included, and no other process holds it (it is close-on-exec).
+PDEATHSIG is deliberately not used: it fires when the *thread* that forked us exits, and trio
+spawns processes from a worker thread that its thread cache retires after a few idle seconds.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import logging
 import os
 import queue
-import signal
-import sys
 import threading
 import traceback
 
@@ -34,13 +35,6 @@ from izh_trio.wire.codec import converter
 
 log = logging.getLogger("izh_trio.engine")
 _EOF = object()
-
-
-def _die_with_parent() -> None:
-    """Ask Linux to kill us if the server dies without closing the pipe (e.g. SIGKILL)."""
-    if sys.platform.startswith("linux"):
-        pr_set_pdeathsig = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
 def _read_frames(fd: int, inbox: queue.SimpleQueue) -> None:
@@ -124,7 +118,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out-fd", type=int, required=True)
     parser.add_argument("--config", required=True, help="EngineConfig as JSON")
     args = parser.parse_args(argv)
-    _die_with_parent()
     logging.basicConfig(level=os.environ.get("IZH_ENGINE_LOG_LEVEL", "INFO"),
                         format="%(asctime)s engine %(levelname)s %(message)s")
     config = converter.structure(json.loads(args.config), EngineConfig)

@@ -78,9 +78,16 @@ def server(hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[s
 
 def engine_pid(server_pid: int) -> int:
     """The engine core is the server's only child process."""
-    children = Path(f"/proc/{server_pid}/task/{server_pid}/children").read_text().split()
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if int(fields[1]) == server_pid:
+            children.append(int(stat.parent.name))
     assert len(children) == 1, children
-    return int(children[0])
+    return children[0]
 
 
 def scrape(base: str) -> dict[str, float]:
