@@ -100,7 +100,7 @@ class Scheduler:
                 budget += plan.pop(self.running[-1], 0)
                 self._preempt(self.running[-1])
             if not seq.block_table:
-                seq.num_cached_tokens = max(seq.num_cached_tokens, self.bm.take_cached_prefix(seq))
+                self.bm.take_cached_prefix(seq)
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             ok, refund = self._allocate(seq, n, plan)
             budget += refund
@@ -108,6 +108,10 @@ class Scheduler:
                 self.bm.free(seq)  # give back the prefix hits it took
                 break
             self.waiting.pop(0)
+            if not seq.num_output_tokens:
+                # Prompt tokens served from the cache. Not after a preemption: the hits then
+                # include the sequence's own output, and the count was already reported.
+                seq.num_cached_tokens = seq.num_computed_tokens
             seq.transition(SequenceStatus.RUNNING)
             bisect.insort(self.running, seq, key=lambda s: s.sort_key)
             plan[seq] = n

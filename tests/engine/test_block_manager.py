@@ -200,7 +200,8 @@ def test_hash_chain_covers_everything_before_the_block() -> None:
     admit(bm, make_seq("a", [1, 2, 3, 4, 5]))
     # The same second block after a different first one is not a hit.
     assert bm.take_cached_prefix(make_seq("b", [9, 9, 3, 4, 5])) == 0
-    assert chain_hash(None, [3, 4], None) != chain_hash(chain_hash(None, [1, 2], None), [3, 4], None)
+    after_first = chain_hash(chain_hash(None, [1, 2], None), [3, 4], None)
+    assert chain_hash(None, [3, 4], None) != after_first
 
 
 def test_different_salt_gets_no_hits() -> None:
@@ -248,7 +249,8 @@ def test_a_hit_block_is_not_evicted_while_referenced() -> None:
     assert ref_counts(bm, b) == [1, 1]
     bm.check_invariants([b, filler])
     # Still cached, so a third request shares them.
-    assert bm.take_cached_prefix(c := make_seq("c", PROMPT)) == 8
+    c = make_seq("c", PROMPT)
+    assert bm.take_cached_prefix(c) == 8
     assert ref_counts(bm, c) == [2, 2]
     bm.check_invariants([b, filler, c])
 
@@ -278,14 +280,16 @@ def test_unhashed_blocks_are_evicted_first_then_deepest_first() -> None:
     compute(bm, x)
     assert partial in x.block_table
     assert not {full0, full1} & set(x.block_table)
-    assert bm.take_cached_prefix(probe := make_seq("p1", PROMPT)) == 8
+    probe = make_seq("p1", PROMPT)
+    assert bm.take_cached_prefix(probe) == 8
     bm.free(probe)
 
     # One more: the deeper cached block goes before the one it extends.
     y = make_seq("y", range(600, 603))
     compute(bm, y)
     assert y.block_table == [full1]
-    assert bm.take_cached_prefix(probe := make_seq("p2", PROMPT)) == 4
+    probe = make_seq("p2", PROMPT)
+    assert bm.take_cached_prefix(probe) == 4
     bm.free(probe)
 
     z = make_seq("z", [7])
@@ -319,7 +323,8 @@ def test_only_computed_full_blocks_are_published() -> None:
     assert bm.allocate_slots(a, 10)  # the table covers the prompt ...
     a.num_computed_tokens = 6  # ... but a chunk of 6 tokens was computed
     bm.register_full_blocks(a)
-    assert bm.take_cached_prefix(probe := make_seq("p", PROMPT)) == 4
+    probe = make_seq("p", PROMPT)
+    assert bm.take_cached_prefix(probe) == 4
     bm.free(probe)
     a.num_computed_tokens = 10
     bm.register_full_blocks(a)
@@ -344,8 +349,10 @@ def test_the_same_content_computed_twice_is_cached_once() -> None:
     bm.free(c)
     bm.check_invariants([])
     # b's duplicate blocks were never published: they are evicted before a's.
-    assert bm.allocate_slots(d := make_seq("d", range(700, 724)), 24)
-    assert bm.take_cached_prefix(e := make_seq("e", PROMPT)) == 8
+    d = make_seq("d", range(700, 724))
+    assert bm.allocate_slots(d, 24)
+    e = make_seq("e", PROMPT)
+    assert bm.take_cached_prefix(e) == 8
     bm.check_invariants([d, e])
 
 

@@ -27,6 +27,14 @@ from izh_trio.wire import FinishReason, SamplingParams
 ALPHABET = st.integers(0, 2)  # a tiny alphabet makes shared prefixes (and hits) common
 
 
+@st.composite
+def prompts(draw: st.DrawFn, max_len: int = 40) -> list[int]:
+    """A short pattern repeated to a length drawn evenly, so long prompts are common too."""
+    length = draw(st.integers(1, max_len))
+    pattern = draw(st.lists(ALPHABET, min_size=1, max_size=4))
+    return (pattern * length)[:length]
+
+
 def make_seq(
     rid: str, prompt: list[int], max_tokens: int, priority: int = 0, salt: str | None = None
 ) -> Sequence:
@@ -155,7 +163,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.next_id = 0
 
     @rule(
-        prompt=st.lists(ALPHABET, min_size=1, max_size=40),
+        prompt=prompts(),
         max_tokens=st.integers(1, 24),
         priority=st.integers(-2, 2),
         salt=st.none() | st.sampled_from(["", "tenant-a", "tenant-b"]),
@@ -192,10 +200,12 @@ class SchedulerMachine(RuleBasedStateMachine):
     def abort_unknown(self) -> None:
         assert self.sched.abort("no-such-request") is None
 
-    @rule()
-    def step(self) -> None:
-        for seq, _reason in run_step(self.sched, self.rng, self.tokens):
-            del self.live[seq.request_id]
+    @rule(n=st.integers(1, 12))
+    def step(self, n: int) -> None:
+        for _ in range(n):
+            for seq, _reason in run_step(self.sched, self.rng, self.tokens):
+                del self.live[seq.request_id]
+            check_state(self.sched, self.live, self.tokens)
 
     @invariant()
     def consistent(self) -> None:
@@ -217,7 +227,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
 
 SchedulerMachine.TestCase.settings = settings(
-    max_examples=120, stateful_step_count=40, deadline=None
+    max_examples=200, stateful_step_count=50, deadline=None
 )
 TestScheduler = SchedulerMachine.TestCase
 
@@ -249,7 +259,7 @@ def run_to_completion(
 
 requests = st.lists(
     st.tuples(
-        st.lists(ALPHABET, min_size=1, max_size=24),  # prompt
+        prompts(max_len=24),
         st.integers(1, 16),  # max_tokens
         st.integers(-1, 1),  # priority
     ),

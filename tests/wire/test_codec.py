@@ -95,6 +95,8 @@ STRATEGIES: dict[type, st.SearchStrategy[Any]] = {
         kv_cache_usage=unit,
         num_preemptions=counts,
         num_steps=counts,
+        prompt_tokens_total=counts,
+        generation_tokens_total=counts,
     ),
     m.Fatal: st.builds(m.Fatal, message=texts),
 }
@@ -138,7 +140,15 @@ EXAMPLES: list[Any] = [
     ),
     m.StepOutputs(()),
     m.RequestFailed("req-3", "the prompt is empty"),
-    m.Stats(num_running=2, num_waiting=5, kv_cache_usage=0.375, num_preemptions=1, num_steps=42),
+    m.Stats(
+        num_running=2,
+        num_waiting=5,
+        kv_cache_usage=0.375,
+        num_preemptions=1,
+        num_steps=42,
+        prompt_tokens_total=1000,
+        generation_tokens_total=250,
+    ),
     m.Fatal("CUDA error: device-side assert triggered"),
 ]
 
@@ -394,15 +404,15 @@ def _field_paths(cls: type, prefix: tuple[Any, ...] = ()) -> list[tuple[tuple[An
 
 def _nested_classes(cls: type) -> list[tuple[tuple[Any, ...], type]]:
     """(path, class) for the message and every attrs class inside it."""
-    return [((), cls)] + [
-        (path, tp)
-        for path, tp in _field_paths(cls)
-        if attrs.has(tp)
-    ] + [
-        ((*path, 0), typing.get_args(tp)[0])
-        for path, tp in _field_paths(cls)
-        if typing.get_origin(tp) is tuple and attrs.has(typing.get_args(tp)[0])
-    ]
+    return (
+        [((), cls)]
+        + [(path, tp) for path, tp in _field_paths(cls) if attrs.has(tp)]
+        + [
+            ((*path, 0), typing.get_args(tp)[0])
+            for path, tp in _field_paths(cls)
+            if typing.get_origin(tp) is tuple and attrs.has(typing.get_args(tp)[0])
+        ]
+    )
 
 
 def _body(msg: Any) -> Any:
