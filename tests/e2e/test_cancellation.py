@@ -37,16 +37,16 @@ def _parse(text: str) -> dict[str, float]:
 
 async def test_disconnect_after_first_chunk_frees_kv(server: str) -> None:
     before = scrape(server)
-    async with httpx.AsyncClient(timeout=30) as client:
-        async with client.stream("POST", server + "/v1/completions", json=LONG) as r:
-            assert r.status_code == 200
-            async for line in r.aiter_lines():
-                if line.startswith("data: {"):
-                    break
-            busy = _parse((await client.get(server + "/metrics")).text)
-            assert busy["izh:num_requests_running"] == 1
-            assert busy["izh:kv_cache_usage_perc"] > 0
-        # leaving the block closes the connection mid-stream
+    async with httpx.AsyncClient(timeout=30) as client, \
+            client.stream("POST", server + "/v1/completions", json=LONG) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if line.startswith("data: {"):
+                break
+        busy = _parse((await client.get(server + "/metrics")).text)
+        assert busy["izh:num_requests_running"] == 1
+        assert busy["izh:kv_cache_usage_perc"] > 0
+    # leaving the block closed the connection mid-stream
     after = await _idle_within(server, 2.0)
     assert after[GENERATED] - before[GENERATED] < 500, "the engine finished instead of aborting"
 
@@ -85,10 +85,10 @@ async def test_many_disconnects_at_random_points_leave_nothing(server: str) -> N
                     pass
 
     before = scrape(server)
-    async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=64)) as c:
-        async with trio.open_nursery() as nursery:
-            for _ in range(32):
-                nursery.start_soon(one, c, rng.uniform(0.05, 1.0))
+    limits = httpx.Limits(max_connections=64)
+    async with httpx.AsyncClient(timeout=30, limits=limits) as c, trio.open_nursery() as nursery:
+        for _ in range(32):
+            nursery.start_soon(one, c, rng.uniform(0.05, 1.0))
     after = await _idle_within(server, 3.0)
     assert after[GENERATED] - before[GENERATED] < 32 * LONG["max_tokens"]
     async with httpx.AsyncClient() as client:

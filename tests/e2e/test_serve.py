@@ -12,7 +12,7 @@ import pytest
 import torch
 import transformers
 
-from tests.e2e.conftest import free_port, running_server, serve_args
+from tests.e2e.conftest import free_port, running_server
 
 
 def test_greedy_tokens_equal_transformers(server: str, hf_dir: Path) -> None:
