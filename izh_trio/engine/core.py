@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from izh_trio.engine.block_manager import BlockManager
+from izh_trio.engine.logprobs import token_logprobs
 from izh_trio.engine.model_runner import ModelRunner
 from izh_trio.engine.sampler import Sampler
 from izh_trio.engine.scheduler import Scheduler, SchedulerConfig
@@ -104,19 +105,24 @@ class EngineCore:
         batch = self.scheduler.schedule()
         if not batch:
             return []
-        logits, sampling = self.runner.execute(batch)
-        sampled = dict(zip((i.seq for i in sampling),
-                           self.sampler.sample(logits, [i.seq for i in sampling]), strict=True))
+        step = self.runner.execute(batch)
+        seqs = [item.seq for item in step.sampling]
+        sampled = self.sampler.sample(step.sample, seqs)
+        by_seq = dict(zip(seqs, zip(sampled.token_ids, sampled.logprobs, strict=True),
+                          strict=True))
+        for seq, logits in step.prompt.items():
+            self._score_prompt(seq, logits)
         self.num_steps += 1
         outputs = []
         for item in batch:
             seq = item.seq
-            token = sampled.get(seq)
+            token, logprobs = by_seq.get(seq, (None, None))
             reason = self.scheduler.advance(item, token)
             if token is None:
                 continue
             self.generation_tokens_total += 1
-            if seq.num_output_tokens == 1:
+            first = seq.num_emitted == 0
+            if first:
                 self.prompt_tokens_total += seq.num_prompt_tokens
             if reason is not None:
                 self.scheduler.finish(seq, reason)
@@ -128,9 +134,21 @@ class EngineCore:
                 num_output_tokens=seq.num_output_tokens,
                 num_cached_tokens=seq.num_cached_tokens,
                 finish_reason=reason,
+                stop_token_id=seq.stop_token_id,
+                logprobs=(logprobs,) if logprobs is not None else None,
+                prompt_logprobs=(tuple(seq.prompt_logprobs)
+                                 if first and seq.params.prompt_logprobs is not None else None),
             ))
             seq.num_emitted = seq.num_output_tokens
         return outputs
+
+    def _score_prompt(self, seq: Sequence, logits: torch.Tensor) -> None:
+        """Logprobs of the prompt tokens this chunk's logits predict (called before advance)."""
+        start = seq.num_computed_tokens  # row i predicts the token at start + i + 1
+        targets = torch.tensor(seq.token_ids[start + 1 : start + 1 + logits.shape[0]])
+        del seq.prompt_logprobs[start:]  # a chunk recomputed after preemption replaces its own
+        seq.prompt_logprobs += token_logprobs(logits.log_softmax(dim=-1), targets,
+                                              seq.params.prompt_logprobs)
 
     def stats(self) -> Stats:
         return Stats(
@@ -141,4 +159,6 @@ class EngineCore:
             num_steps=self.num_steps,
             prompt_tokens_total=self.prompt_tokens_total,
             generation_tokens_total=self.generation_tokens_total,
+            prefix_cache_queries=self.block_manager.prefix_queries,
+            prefix_cache_hits=self.block_manager.prefix_hits,
         )

@@ -5,12 +5,14 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import attrs
 import torch
 
 from izh_trio.engine.attention import AttentionMetadata, PrefillChunk
 from izh_trio.engine.loader import Qwen3Config, iter_safetensors, resolve_dtype
 from izh_trio.engine.models.qwen3 import Qwen3ForCausalLM
 from izh_trio.engine.scheduler import ScheduledSeq
+from izh_trio.engine.sequence import Sequence
 from izh_trio.wire import EngineConfig
 
 log = logging.getLogger(__name__)
@@ -58,6 +60,8 @@ class ModelRunner:
         slots: list[int] = []
         chunks: list[PrefillChunk] = []
         sample_rows: list[int] = []
+        # (seq, first row, rows) whose logits score the prompt's own next tokens
+        prompt_rows: list[tuple[Sequence, int, int]] = []
         for item in prefills + decodes:
             seq, start, n = item.seq, item.seq.num_computed_tokens, item.num_new_tokens
             table = seq.block_table
@@ -66,6 +70,11 @@ class ModelRunner:
                     query_start=len(input_ids), query_len=n, context_len=start + n,
                     block_table=torch.tensor(table[: -(-(start + n) // bs)], dtype=torch.long),
                 ))
+            wants_prompt = (seq.params.prompt_logprobs is not None and seq.num_emitted == 0
+                            and start < seq.num_prompt_tokens - 1)
+            if wants_prompt:
+                prompt_rows.append((seq, len(input_ids),
+                                    min(start + n, seq.num_prompt_tokens - 1) - start))
             input_ids += seq.token_ids[start : start + n]
             span = range(start, start + n)
             positions += span
@@ -89,11 +98,27 @@ class ModelRunner:
         )
         order = prefills + decodes
         return (torch.tensor(input_ids, dtype=torch.long), torch.tensor(positions), meta,
-                torch.tensor(sample_rows, dtype=torch.long), [i for i in order if i.samples])
+                sample_rows, [i for i in order if i.samples], prompt_rows)
 
     @torch.inference_mode()
-    def execute(self, batch: list[ScheduledSeq]) -> tuple[torch.Tensor, list[ScheduledSeq]]:
-        """Run one step; returns fp32 logits for the sequences that sample, and those items."""
-        input_ids, positions, meta, rows, sampling = self._prepare(batch)
+    def execute(self, batch: list[ScheduledSeq]) -> StepLogits:
+        """Run one step; fp32 logits for the rows that sample and the rows that score prompts."""
+        input_ids, positions, meta, sample_rows, sampling, prompt_rows = self._prepare(batch)
         hidden = self.model(input_ids, positions, meta, self.kv_caches)
-        return self.model.compute_logits(hidden[rows]), sampling
+        rows = list(sample_rows)
+        for _, first, count in prompt_rows:
+            rows += range(first, first + count)
+        logits = self.model.compute_logits(hidden[torch.tensor(rows, dtype=torch.long)])
+        prompt, at = {}, len(sample_rows)
+        for seq, _, count in prompt_rows:
+            prompt[seq] = logits[at : at + count]
+            at += count
+        return StepLogits(logits[: len(sample_rows)], sampling, prompt)
+
+
+@attrs.frozen
+class StepLogits:
+    sample: torch.Tensor  # [S, V]: one row per item of ``sampling``
+    sampling: list[ScheduledSeq]
+    #: Per sequence scoring its prompt: logits predicting the chunk's next prompt tokens.
+    prompt: dict[Sequence, torch.Tensor]

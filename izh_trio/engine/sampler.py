@@ -7,9 +7,19 @@ advanced once per sampled token, so its samples do not depend on what else is in
 
 from __future__ import annotations
 
+import attrs
 import torch
 
+from izh_trio.engine.logits_processors import process_logits
+from izh_trio.engine.logprobs import token_logprobs
 from izh_trio.engine.sequence import Sequence
+from izh_trio.wire import TokenLogprobs
+
+
+@attrs.frozen
+class Sampled:
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs | None]
 
 
 class Sampler:
@@ -20,15 +30,19 @@ class Sampler:
     def forget(self, request_id: str) -> None:
         self._seeded.pop(request_id, None)
 
-    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> Sampled:
         """logits: [S, V] fp32, one row per sequence in ``seqs``."""
-        greedy = logits.argmax(dim=-1)
+        processed = process_logits(logits, seqs)
+        tokens = processed.argmax(dim=-1)
         random_rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
-        if not random_rows:
-            return greedy.tolist()
-        rows = torch.tensor(random_rows)
-        params = [seqs[i].params for i in random_rows]
-        scaled = logits[rows] / torch.tensor([p.temperature for p in params])[:, None]
+        if random_rows:
+            tokens[random_rows] = self._sample_random(processed[random_rows],
+                                                      [seqs[i] for i in random_rows])
+        return Sampled(tokens.tolist(), self._logprobs(logits, tokens, seqs))
+
+    def _sample_random(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        params = [s.params for s in seqs]
+        scaled = logits / torch.tensor([p.temperature for p in params])[:, None]
         probs = _filtered_probs(
             scaled,
             top_k=torch.tensor([p.top_k if p.top_k > 0 else scaled.shape[-1] for p in params]),
@@ -41,15 +55,29 @@ class Sampler:
             noise[unseeded] = torch.empty(len(unseeded), probs.shape[-1]).exponential_(
                 generator=self._generator
             )
-        for j, p in enumerate(params):
-            if p.seed is not None:
-                rid = seqs[random_rows[j]].request_id
-                gen = self._seeded.get(rid)
+        for j, seq in enumerate(seqs):
+            if seq.params.seed is not None:
+                gen = self._seeded.get(seq.request_id)
                 if gen is None:
-                    gen = self._seeded[rid] = torch.Generator().manual_seed(p.seed)
+                    gen = torch.Generator().manual_seed(seq.params.seed)
+                    self._seeded[seq.request_id] = gen
                 noise[j].exponential_(generator=gen)
-        greedy[rows] = (probs / noise).argmax(dim=-1)
-        return greedy.tolist()
+        return (probs / noise).argmax(dim=-1)
+
+    @staticmethod
+    def _logprobs(logits: torch.Tensor, tokens: torch.Tensor, seqs: list[Sequence]
+                  ) -> list[TokenLogprobs | None]:
+        out: list[TokenLogprobs | None] = [None] * len(seqs)
+        rows = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
+        if not rows:
+            return out
+        k = max(seqs[i].params.logprobs for i in rows)
+        raw = logits[rows].log_softmax(dim=-1)
+        for i, entry in zip(rows, token_logprobs(raw, tokens[rows], k), strict=True):
+            want = seqs[i].params.logprobs
+            out[i] = attrs.evolve(entry, top_ids=entry.top_ids[:want],
+                                  top_logprobs=entry.top_logprobs[:want])
+        return out
 
 
 def _filtered_probs(

@@ -99,7 +99,8 @@ class Scheduler:
                     break
                 budget += plan.pop(self.running[-1], 0)
                 self._preempt(self.running[-1])
-            if not seq.block_table:
+            # Prompt logprobs need every prompt position computed: no cache hits for those.
+            if not seq.block_table and seq.params.prompt_logprobs is None:
                 self.bm.take_cached_prefix(seq)
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             ok, refund = self._allocate(seq, n, plan)
@@ -159,6 +160,8 @@ class Scheduler:
         seq.token_ids.append(token)
         params = seq.params
         if seq.num_output_tokens >= params.min_tokens and token in seq.stop_token_ids:
+            if token in params.stop_token_ids:
+                seq.stop_token_id = token
             return FinishReason.STOP
         if (seq.num_output_tokens >= params.max_tokens
                 or seq.num_tokens >= self.config.max_model_len):

@@ -17,6 +17,7 @@ from izh_trio.wire.messages import (
     Stats,
     StepOutputs,
     ToCore,
+    TokenLogprobs,
 )
 from izh_trio.wire.sampling import SamplingParams
 
@@ -39,5 +40,6 @@ __all__ = [
     "Stats",
     "StepOutputs",
     "ToCore",
+    "TokenLogprobs",
     "encode_frame",
 ]

@@ -86,6 +86,17 @@ class Ready:
 
 
 @attrs.frozen
+class TokenLogprobs:
+    """The model's raw log-probability of one token, its rank, and the top alternatives."""
+
+    token_id: int
+    logprob: float
+    rank: int  # 1 = the most likely token
+    top_ids: tuple[int, ...] = attrs.field(default=(), converter=tuple)
+    top_logprobs: tuple[float, ...] = attrs.field(default=(), converter=tuple)
+
+
+@attrs.frozen
 class RequestOutput:
     """What one step did for one request. Token ids are only the new ones."""
 
@@ -95,6 +106,12 @@ class RequestOutput:
     num_output_tokens: int
     num_cached_tokens: int = 0
     finish_reason: FinishReason | None = None
+    #: The id in the request's ``stop_token_ids`` that ended it (None for eos or length).
+    stop_token_id: int | None = None
+    #: One entry per new token, when the request asked for logprobs.
+    logprobs: tuple[TokenLogprobs, ...] | None = None
+    #: Sent once, with the first token: one entry per prompt position after the first.
+    prompt_logprobs: tuple[TokenLogprobs, ...] | None = None
 
     @property
     def finished(self) -> bool:
@@ -126,6 +143,9 @@ class Stats:
     #: and every token sampled (aborted requests' included).
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
+    #: Prompt tokens looked up in the prefix cache, and how many of them were found.
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
 
 
 @attrs.frozen

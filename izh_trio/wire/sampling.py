@@ -35,6 +35,27 @@ class SamplingParams:
         default=(), converter=tuple, validator=_token_ids
     )
     min_tokens: int = attrs.field(default=0, validator=v.ge(0))
+    #: HF-style: logits of tokens already in the prompt or output are divided (if positive) or
+    #: multiplied (if negative) by this.
+    repetition_penalty: float = attrs.field(default=1.0, converter=float, validator=v.gt(0.0))
+    #: OpenAI-style, on output tokens: ``logit -= presence * seen + frequency * count``.
+    presence_penalty: float = attrs.field(default=0.0, converter=float,
+                                          validator=[v.ge(-2.0), v.le(2.0)])
+    frequency_penalty: float = attrs.field(default=0.0, converter=float,
+                                           validator=[v.ge(-2.0), v.le(2.0)])
+    #: (token id, bias) pairs added to the logits before sampling.
+    logit_bias: tuple[tuple[int, float], ...] = attrs.field(
+        default=(), converter=lambda pairs: tuple((int(t), float(b)) for t, b in pairs)
+    )
+    #: Top logprobs to report per sampled token (0: only the sampled one); None: no logprobs.
+    logprobs: int | None = attrs.field(default=None, validator=v.optional(v.ge(0)))
+    #: The same for every prompt position after the first; None: none.
+    prompt_logprobs: int | None = attrs.field(default=None, validator=v.optional(v.ge(0)))
+
+    @property
+    def penalized(self) -> bool:
+        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
+                or self.frequency_penalty != 0.0)
 
     @property
     def greedy(self) -> bool:

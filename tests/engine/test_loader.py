@@ -26,8 +26,7 @@ def _last_logits(model_dir: Path, **cfg: object) -> torch.Tensor:
                    stop_token_ids=frozenset())
     bm = BlockManager(runner.num_blocks, runner.block_size)
     assert bm.allocate_slots(seq, len(PROMPT))
-    logits, _ = runner.execute([ScheduledSeq(seq, len(PROMPT))])
-    return logits[0]
+    return runner.execute([ScheduledSeq(seq, len(PROMPT))]).sample[0]
 
 
 def _reference(model_dir: Path, dtype: torch.dtype = torch.float32) -> torch.Tensor:

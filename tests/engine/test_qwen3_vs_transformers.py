@@ -45,10 +45,11 @@ def _run(runner: ModelRunner, bm: BlockManager, plan: list[tuple[Sequence, int]]
     for seq, n in plan:
         assert bm.allocate_slots(seq, n)
         items.append(ScheduledSeq(seq, n))
-    logits, sampling = runner.execute(items)
+    step = runner.execute(items)
     for item in items:
         item.seq.num_computed_tokens += item.num_new_tokens
-    return {item.seq.request_id: row for item, row in zip(sampling, logits, strict=True)}
+    return {item.seq.request_id: row for item, row in zip(step.sampling, step.sample,
+                                                          strict=True)}
 
 
 def test_prefill_then_decode_logits_match(checkpoint: Path, reference) -> None:
