@@ -51,7 +51,10 @@ class ModelRunner:
         log.info("model %s: %s on %s, %d KV blocks of %d tokens, max_model_len %d", model_dir,
                  self.dtype, self.device, self.num_blocks, config.block_size, self.max_model_len)
 
-    def _prepare(self, batch: list[ScheduledSeq]):
+    def _prepare(self, batch: list[ScheduledSeq]) -> tuple[
+        torch.Tensor, torch.Tensor, AttentionMetadata, list[int], list[ScheduledSeq],
+        list[tuple[Sequence, int, int]],
+    ]:
         bs = self.block_size
         prefills = [item for item in batch if item.num_new_tokens > 1]
         decodes = [item for item in batch if item.num_new_tokens == 1]

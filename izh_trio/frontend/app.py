@@ -6,13 +6,14 @@ import hmac
 import logging
 from typing import Any
 
-from quart import request
+from quart import g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from izh_trio.frontend.admission import Admission
 from izh_trio.frontend.errors import APIError, error_body
 from izh_trio.frontend.routes import BLUEPRINTS
+from izh_trio.frontend.routes.common import REQUEST_ID_HEADER
 from izh_trio.frontend.server import Server
 from izh_trio.frontend.settings import Settings
 
@@ -52,6 +53,13 @@ def create_app(settings: Settings) -> QuartTrio:
         if not matched:
             return error_body(401, "invalid or missing API key", code="invalid_api_key"), 401
         return None
+
+    @app.after_request
+    async def _echo_request_id(response: Any) -> Any:
+        rid = getattr(g, "request_id", None) or request.headers.get(REQUEST_ID_HEADER)
+        if rid:
+            response.headers[REQUEST_ID_HEADER] = rid
+        return response
 
     @app.errorhandler(APIError)
     async def _api_error(exc: APIError) -> Any:

@@ -24,7 +24,7 @@ from contextlib import asynccontextmanager
 import attrs
 import trio
 
-from izh_trio.frontend.request_stream import RequestStream
+from izh_trio.frontend.request_stream import Notifier, RequestStream
 from izh_trio.wire import (
     Abort,
     AddRequest,
@@ -232,20 +232,23 @@ class EngineClient:
         *,
         priority: int = 0,
         cache_salt: str | None = None,
+        notifier: Notifier | None = None,
     ) -> AsyncIterator[RequestStream]:
         if self.state is not ClientState.READY:
             raise EngineUnavailable(self.failure or f"the engine is {self.state.value}")
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in flight")
-        stream = RequestStream(request_id, len(prompt_token_ids), self.max_buffered_tokens)
+        stream = RequestStream(request_id, len(prompt_token_ids), self.max_buffered_tokens,
+                               notifier or Notifier(),
+                               abort=lambda: self._queue(Abort((request_id,))))
         self._streams[request_id] = stream
         self._queue(AddRequest(request_id, prompt_token_ids, params, priority, cache_salt))
         try:
             yield stream
         finally:
+            # No await here, and none before it: a cancellation cannot skip the abort.
             del self._streams[request_id]
-            if not stream.done_in_core:
-                self._queue(Abort((request_id,)))
+            stream.abort()
 
     async def wait_idle(self, timeout: float) -> Stats | None:
         """Poll until the core reports nothing running and no KV in use (tests, drain)."""

@@ -1,97 +1,130 @@
-"""One generation, engine stream to text deltas, shared by every OpenAI route.
+"""The engine side of one HTTP request: its ``n`` choices, from engine streams to text deltas.
 
-The engine request lives exactly as long as the ``async for`` over :func:`generate`: a
-disconnect, a deadline or any exception unwinds through ``open_stream`` and aborts it.
+Every choice is an engine request opened in one ``AsyncExitStack``: leaving
+:func:`open_generation` for any reason (finished, error, disconnect, deadline) leaves every
+``open_stream`` block and so aborts whatever is still running. The choices share one
+:class:`Notifier`, so one task serves them all and no task is spawned per request.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
 
 import attrs
 
 from izh_trio.frontend.detokenizer import IncrementalDetokenizer
 from izh_trio.frontend.engine_client import EngineUnavailable
 from izh_trio.frontend.errors import APIError
-from izh_trio.frontend.request_stream import EngineError
+from izh_trio.frontend.metrics import Metrics
+from izh_trio.frontend.request_stream import EngineError, Notifier, RequestStream
 from izh_trio.frontend.server import Server
-from izh_trio.wire import SamplingParams
+from izh_trio.frontend.stop import StopChecker
+from izh_trio.wire import SamplingParams, TokenLogprobs
+
+
+@attrs.frozen
+class ChoiceSpec:
+    index: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    stop: tuple[str, ...] = ()
+    include_stop_str: bool = False
+    skip_special_tokens: bool = True
 
 
 @attrs.define
-class TextDelta:
+class ChoiceDelta:
+    index: int
     text: str
     token_ids: list[int]
+    logprobs: list[TokenLogprobs] | None
+    prompt_logprobs: tuple[TokenLogprobs, ...] | None
     finish_reason: str | None
+    stop_reason: str | int | None
     num_prompt_tokens: int
     num_output_tokens: int
     num_cached_tokens: int
+    first: bool
 
 
-def resolve_params(
-    server: Server, prompt_len: int, *, max_tokens: int | None, temperature: float | None,
-    top_p: float | None, top_k: int | None, min_p: float | None, seed: int | None,
-    ignore_eos: bool,
-) -> SamplingParams:
-    """Request values over the checkpoint's generation defaults; check the context fits."""
-    limit = server.ready.max_model_len
-    if max_tokens is None:
-        max_tokens = limit - prompt_len
-    if prompt_len + max_tokens > limit:
-        raise APIError(
-            400,
-            f"This model's maximum context length is {limit} tokens. However, you requested "
-            f"{prompt_len + max_tokens} tokens ({prompt_len} in the messages, {max_tokens} in "
-            f"the completion). Please reduce the length of the messages or completion.",
-            param="max_tokens", code="context_length_exceeded",
-        )
-    d = server.tokenizer.defaults
-    return SamplingParams(
-        max_tokens=max_tokens,
-        temperature=d.temperature if temperature is None else temperature,
-        top_p=d.top_p if top_p is None else top_p,
-        top_k=d.top_k if top_k is None else top_k,
-        min_p=d.min_p if min_p is None else min_p,
-        seed=seed,
-        ignore_eos=ignore_eos,
-    )
+class _Choice:
+    def __init__(self, spec: ChoiceSpec, stream: RequestStream, server: Server) -> None:
+        self.spec = spec
+        self.stream = stream
+        self.detok = IncrementalDetokenizer(server.tokenizer.tokenizer, spec.skip_special_tokens)
+        self.stop = StopChecker(spec.stop, spec.include_stop_str)
+        self.done = False
+        self.started = False
+        self.last: float | None = None
+
+    def take(self, metrics: Metrics, arrival: float) -> ChoiceDelta | None:
+        delta = self.stream.take_nowait()
+        if delta is None:
+            return None
+        now = time.monotonic()
+        if self.last is None:
+            metrics.ttft.observe(now - arrival)
+        else:
+            metrics.itl.observe(now - self.last)
+        self.last = now
+        engine_done = delta.finish_reason is not None
+        text = self.stop.push(self.detok.push(delta.token_ids), final=engine_done)
+        reason: str | None = delta.finish_reason.value if engine_done else None
+        stop_reason: str | int | None = delta.stop_token_id
+        if self.stop.matched is not None:
+            self.stream.abort()  # now, not when the HTTP request ends
+            reason, stop_reason = "stop", self.stop.matched
+        first, self.started = not self.started, True
+        if reason is not None:
+            self.done = True
+            metrics.e2e.observe(now - arrival)
+            metrics.request_success.labels(finished_reason=reason).inc()
+        return ChoiceDelta(self.spec.index, text, delta.token_ids, delta.logprobs,
+                           delta.prompt_logprobs, reason, stop_reason, delta.num_prompt_tokens,
+                           delta.num_output_tokens, delta.num_cached_tokens, first)
 
 
-def check_prompt(server: Server, prompt_ids: list[int]) -> None:
-    if not prompt_ids:
-        raise APIError(400, "the prompt is empty", param="prompt")
-    vocab = server.ready.model.vocab_size
-    if any(not 0 <= t < vocab for t in prompt_ids):
-        raise APIError(400, f"prompt token ids must be in [0, {vocab})", param="prompt")
+class Generation:
+    def __init__(self, choices: list[_Choice], notifier: Notifier, metrics: Metrics,
+                 arrival: float) -> None:
+        self._choices = choices
+        self._notifier = notifier
+        self._metrics = metrics
+        self._arrival = arrival
+
+    async def next(self) -> list[ChoiceDelta]:
+        """The deltas that arrived since the last call; an empty list once every choice ended."""
+        while True:
+            try:
+                out = [d for c in self._choices if not c.done
+                       and (d := c.take(self._metrics, self._arrival)) is not None]
+            except EngineError as exc:
+                if exc.rejected:
+                    raise APIError(400, str(exc)) from None
+                raise APIError(500, f"the request failed in the engine: {exc}") from None
+            if out or all(c.done for c in self._choices):
+                return out
+            await self._notifier.wait()
 
 
-async def generate(
-    server: Server, request_id: str, prompt_ids: list[int], params: SamplingParams,
-    *, arrival: float, skip_special_tokens: bool = True,
-) -> AsyncIterator[TextDelta]:
-    client, metrics = server.client, server.metrics
-    detok = IncrementalDetokenizer(server.tokenizer.tokenizer, skip_special_tokens)
-    last = None
-    try:
-        async with client.open_stream(request_id, prompt_ids, params) as stream:
-            async for delta in stream:
-                now = time.monotonic()
-                if last is None:
-                    metrics.ttft.observe(now - arrival)
-                else:
-                    metrics.itl.observe(now - last)
-                last = now
-                reason = delta.finish_reason.value if delta.finish_reason else None
-                if reason is not None:
-                    metrics.e2e.observe(now - arrival)
-                    metrics.request_success.labels(finished_reason=reason).inc()
-                yield TextDelta(detok.push(delta.token_ids), delta.token_ids, reason,
-                                delta.num_prompt_tokens, delta.num_output_tokens,
-                                delta.num_cached_tokens)
-    except EngineUnavailable as exc:
-        raise APIError(503, f"the engine is unavailable: {exc}") from None
-    except EngineError as exc:
-        if exc.rejected:
-            raise APIError(400, str(exc)) from None
-        raise APIError(500, f"the request failed in the engine: {exc}") from None
+@asynccontextmanager
+async def open_generation(
+    server: Server, specs: Sequence[ChoiceSpec], *, arrival: float, priority: int = 0,
+    cache_salt: str | None = None,
+) -> AsyncIterator[Generation]:
+    notifier = Notifier()
+    base = uuid.uuid4().hex
+    async with AsyncExitStack() as stack:
+        choices = []
+        for spec in specs:
+            try:
+                stream = await stack.enter_async_context(server.client.open_stream(
+                    f"{base}-{spec.index}", spec.prompt_ids, spec.params, priority=priority,
+                    cache_salt=cache_salt, notifier=notifier))
+            except EngineUnavailable as exc:
+                raise APIError(503, f"the engine is unavailable: {exc}") from None
+            choices.append(_Choice(spec, stream, server))
+        yield Generation(choices, notifier, server.metrics, arrival)

@@ -44,6 +44,15 @@ class _EngineCollector(Collector):
                                   value=s.prompt_tokens_total if s else 0)
         yield CounterMetricFamily("izh:generation_tokens", "Tokens sampled by the engine.",
                                   value=s.generation_tokens_total if s else 0)
+        queries = s.prefix_cache_queries if s else 0
+        hits = s.prefix_cache_hits if s else 0
+        yield CounterMetricFamily("izh:prefix_cache_queries",
+                                  "Prompt tokens looked up in the prefix cache.", value=queries)
+        yield CounterMetricFamily("izh:prefix_cache_hits",
+                                  "Prompt tokens found in the prefix cache.", value=hits)
+        yield GaugeMetricFamily("izh:prefix_cache_hit_rate",
+                                "Cumulative prefix-cache hit rate (hits / queries).",
+                                value=hits / queries if queries else 0.0)
         yield GaugeMetricFamily("izh:engine_healthy", "1 while the engine core serves.",
                                 value=1.0 if self._healthy() else 0.0)
 

@@ -3,15 +3,18 @@
 The reader must never wait on one slow consumer, so ``push`` never blocks: outputs that arrive
 while the route is busy (say, writing to a slow client) merge into one delta. The buffer is
 bounded: a consumer that falls ``max_buffered_tokens`` behind is failed, and its abort frees
-the engine's blocks.
+the engine's blocks. Several streams (the ``n`` choices of one HTTP request) can share one
+:class:`Notifier`, so a single task waits on all of them without spawning any.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import attrs
 import trio
 
-from izh_trio.wire import FinishReason, RequestOutput
+from izh_trio.wire import FinishReason, RequestOutput, TokenLogprobs
 
 
 class EngineError(Exception):
@@ -22,6 +25,20 @@ class EngineError(Exception):
         self.rejected = rejected
 
 
+class Notifier:
+    """A level-triggered wakeup shared by the streams of one HTTP request."""
+
+    def __init__(self) -> None:
+        self._event = trio.Event()
+
+    def notify(self) -> None:
+        self._event.set()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+        self._event = trio.Event()
+
+
 @attrs.define
 class Delta:
     """Everything new since the consumer last looked."""
@@ -30,19 +47,25 @@ class Delta:
     num_prompt_tokens: int
     num_output_tokens: int
     num_cached_tokens: int
-    finish_reason: FinishReason | None
+    finish_reason: FinishReason | None = None
+    stop_token_id: int | None = None
+    logprobs: list[TokenLogprobs] | None = None
+    prompt_logprobs: tuple[TokenLogprobs, ...] | None = None
 
 
 class RequestStream:
-    def __init__(self, request_id: str, num_prompt_tokens: int, max_buffered: int) -> None:
+    def __init__(self, request_id: str, num_prompt_tokens: int, max_buffered: int,
+                 notifier: Notifier, abort: Callable[[], None]) -> None:
         self.request_id = request_id
         self._max_buffered = max_buffered
-        self._pending = Delta([], num_prompt_tokens, 0, 0, None)
+        self._notifier = notifier
+        self._abort = abort
+        self._pending = Delta([], num_prompt_tokens, 0, 0)
         self._has_news = False
-        self._wakeup = trio.Event()
         self._error: EngineError | None = None
-        self._consumed_final = False
-        #: True once the core reported the request finished (no Abort needed then).
+        #: The consumer has taken the final delta (or the error).
+        self.exhausted = False
+        #: True once the core reported the request finished, or was told to abort it.
         self.done_in_core = False
 
     # ---------------------------------------------------------------- reader side
@@ -52,13 +75,19 @@ class RequestStream:
         p.num_prompt_tokens = out.num_prompt_tokens
         p.num_output_tokens = out.num_output_tokens
         p.num_cached_tokens = out.num_cached_tokens
+        if out.logprobs is not None:
+            p.logprobs = [*(p.logprobs or ()), *out.logprobs]
+        if out.prompt_logprobs is not None:
+            p.prompt_logprobs = out.prompt_logprobs
         if out.finish_reason is not None:
             p.finish_reason = out.finish_reason
+            p.stop_token_id = out.stop_token_id
             self.done_in_core = True
         self._has_news = True
         if len(p.token_ids) > self._max_buffered and not self.done_in_core:
             self.fail(f"the client fell more than {self._max_buffered} tokens behind")
-        self._wakeup.set()
+            self.abort()
+        self._notifier.notify()
 
     def reject(self, message: str) -> None:
         self.done_in_core = True
@@ -70,24 +99,39 @@ class RequestStream:
     def _set_error(self, error: EngineError) -> None:
         if self._error is None:
             self._error = error
-        self._wakeup.set()
+        self._notifier.notify()
 
     # ---------------------------------------------------------------- route side
+    def abort(self) -> None:
+        """Tell the core to drop the request now (a stop string, a client gone); idempotent."""
+        if not self.done_in_core:
+            self.done_in_core = True
+            self._abort()
+
+    def take_nowait(self) -> Delta | None:
+        """The news since the last call, or None; raises the stream's error once."""
+        if self.exhausted:
+            return None
+        if self._error is not None:
+            self.exhausted = True
+            raise self._error
+        if not self._has_news:
+            return None
+        delta = self._pending
+        self._pending = Delta([], delta.num_prompt_tokens, delta.num_output_tokens,
+                              delta.num_cached_tokens)
+        self._has_news = False
+        self.exhausted = delta.finish_reason is not None
+        return delta
+
     def __aiter__(self) -> RequestStream:
         return self
 
     async def __anext__(self) -> Delta:
         while True:
-            if self._error is not None:
-                raise self._error
-            if self._has_news:
-                delta = self._pending
-                self._pending = Delta([], delta.num_prompt_tokens, delta.num_output_tokens,
-                                      delta.num_cached_tokens, None)
-                self._has_news = False
-                self._consumed_final = delta.finish_reason is not None
+            delta = self.take_nowait()
+            if delta is not None:
                 return delta
-            if self._consumed_final:
+            if self.exhausted:
                 raise StopAsyncIteration
-            self._wakeup = trio.Event()
-            await self._wakeup.wait()
+            await self._notifier.wait()

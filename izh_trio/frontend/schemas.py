@@ -1,11 +1,12 @@
 """Request bodies as attrs classes, structured by a strict cattrs converter.
 
 Strict means JSON types are checked, not coerced: ``"max_tokens": "5"`` or ``true`` for an
-integer is a 400 naming the field, as OpenAI does. Unknown fields are ignored.
+integer is a 400 naming the field, as OpenAI does. Unknown fields are ignored. Range checks
+are attrs validators; their messages name the field, and so does the error's ``param``.
 """
 
-
 import re
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import attrs
@@ -15,59 +16,161 @@ from attrs import validators as v
 from izh_trio.frontend.errors import APIError
 
 T = TypeVar("T")
+Hook = Callable[[Any], Any]
 
 api_converter = cattrs.Converter()
 
 
-def _strict(kind: type, check, label: str) -> None:
+def _strict(kind: type, check: Callable[[Any], bool], label: str) -> None:
     def hook(value: Any, _type: type) -> Any:
         if not check(value):
-            raise TypeError(f"expected {label}, got {type(value).__name__}")
+            raise TypeError(f"expected {label}, got {_json_type(value)}")
         return kind(value)
 
     api_converter.register_structure_hook(kind, hook)
 
 
-_strict(int, lambda x: isinstance(x, int) and not isinstance(x, bool), "an integer")
+def _json_type(value: Any) -> str:
+    names = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array",
+             dict: "object", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+_strict(int, _is_int, "an integer")
 _strict(float, lambda x: isinstance(x, int | float) and not isinstance(x, bool), "a number")
 _strict(bool, lambda x: isinstance(x, bool), "a boolean")
 _strict(str, lambda x: isinstance(x, str), "a string")
 
 
-def _prompt_hook(value: Any, _type: type) -> str | list[int]:
+def _hook(tp: Any) -> Callable[[Hook], Hook]:
+    """Register ``fn(value)`` as the structure hook of the type alias ``tp``."""
+
+    def register(fn: Hook) -> Hook:
+        api_converter.register_structure_hook_func(lambda t: t == tp, lambda value, _t: fn(value))
+        return fn
+
+    return register
+
+
+#: A completions prompt, normalised to a batch: each item is text or token ids.
+PromptBatch = list[str | list[int]]
+
+
+@_hook(PromptBatch)
+def _prompt(value: Any) -> PromptBatch:
+    def ids(x: Any) -> bool:
+        return isinstance(x, list) and all(_is_int(t) for t in x)
+
     if isinstance(value, str):
-        return value
-    if isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool)
-                                       for t in value):
-        return list(value)
-    raise TypeError("expected a string or a list of token ids")
+        return [value]
+    if ids(value) and value:
+        return [list(value)]
+    if isinstance(value, list) and value and all(isinstance(p, str) or ids(p) for p in value):
+        return [p if isinstance(p, str) else list(p) for p in value]
+    raise TypeError("expected a string, an array of token ids, or a non-empty array of either")
 
 
-Prompt = str | list[int]
-api_converter.register_structure_hook(Prompt, _prompt_hook)
+StopStrings = tuple[str, ...]
+
+
+@_hook(StopStrings)
+def _stop(value: Any) -> StopStrings:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list) and all(isinstance(s, str) for s in value):
+        return tuple(value)
+    raise TypeError("expected a string or an array of strings")
+
+
+LogitBias = tuple[tuple[int, float], ...]
+
+
+@_hook(LogitBias)
+def _logit_bias(value: Any) -> LogitBias:
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise TypeError("expected an object mapping token ids to biases")
+    out = []
+    for key, bias in value.items():
+        if not re.fullmatch(r"\d+", str(key)):
+            raise ValueError(f"{key!r} is not a token id")
+        if isinstance(bias, bool) or not isinstance(bias, int | float) or not -100 <= bias <= 100:
+            raise ValueError(f"the bias for {key} must be a number in [-100, 100]")
+        out.append((int(key), float(bias)))
+    return tuple(out)
+
+
+def _opt(*validators: Any) -> Any:
+    return v.optional(list(validators))
 
 
 @attrs.frozen
 class StreamOptions:
     include_usage: bool = False
+    continuous_usage_stats: bool = False
 
 
-@attrs.frozen
-class CompletionRequest:
-    prompt: Prompt
+@attrs.frozen(kw_only=True)
+class SamplingFields:
+    """What completions and chat completions share: sampling and request handling."""
+
     model: str | None = None
-    max_tokens: int | None = attrs.field(default=16, validator=v.optional(v.ge(1)))
-    temperature: float | None = attrs.field(default=None, validator=v.optional([v.ge(0),
-                                                                              v.le(2)]))
-    top_p: float | None = attrs.field(default=None, validator=v.optional([v.gt(0), v.le(1)]))
-    top_k: int | None = attrs.field(default=None, validator=v.optional(v.ge(-1)))
-    min_p: float | None = attrs.field(default=None, validator=v.optional([v.ge(0), v.le(1)]))
+    n: int = attrs.field(default=1, validator=[v.ge(1), v.le(16)])
+    temperature: float | None = attrs.field(default=None, validator=_opt(v.ge(0), v.le(2)))
+    top_p: float | None = attrs.field(default=None, validator=_opt(v.gt(0), v.le(1)))
+    top_k: int | None = attrs.field(default=None, validator=_opt(v.ge(-1)))
+    min_p: float | None = attrs.field(default=None, validator=_opt(v.ge(0), v.le(1)))
     seed: int | None = None
+    presence_penalty: float = attrs.field(default=0.0, validator=[v.ge(-2), v.le(2)])
+    frequency_penalty: float = attrs.field(default=0.0, validator=[v.ge(-2), v.le(2)])
+    repetition_penalty: float | None = attrs.field(default=None, validator=_opt(v.gt(0),
+                                                                                v.le(10)))
+    logit_bias: LogitBias = ()
+    min_tokens: int = attrs.field(default=0, validator=v.ge(0))
     ignore_eos: bool = False
+    stop: StopStrings = ()
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = attrs.field(default=1, validator=[v.ge(1), v.le(1)])
+    priority: int = 0
+    cache_salt: str | None = attrs.field(default=None, validator=_opt(v.min_len(1)))
     user: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class CompletionRequest(SamplingFields):
+    prompt: PromptBatch
+    max_tokens: int | None = attrs.field(default=16, validator=_opt(v.ge(1)))
+    echo: bool = False
+    logprobs: int | None = attrs.field(default=None, validator=_opt(v.ge(0), v.le(20)))
+    prompt_logprobs: int | None = attrs.field(default=None, validator=_opt(v.ge(0), v.le(20)))
+    best_of: int | None = None
+    suffix: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ChatCompletionRequest(SamplingFields):
+    messages: Any
+    max_tokens: int | None = attrs.field(default=None, validator=_opt(v.ge(1)))
+    max_completion_tokens: int | None = attrs.field(default=None, validator=_opt(v.ge(1)))
+    logprobs: bool = False
+    top_logprobs: int | None = attrs.field(default=None, validator=_opt(v.ge(0), v.le(20)))
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool = True
+    response_format: dict[str, Any] | None = None
+    chat_template_kwargs: Any = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
 
 
 def parse_body(cls: type[T], body: Any) -> T:
@@ -75,12 +178,14 @@ def parse_body(cls: type[T], body: Any) -> T:
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object")
     values: dict[str, Any] = {}
-    for field in attrs.fields(cls):
+    for field in attrs.fields(attrs.resolve_types(cls)):
         if field.name not in body:
             if field.default is attrs.NOTHING:
                 raise APIError(400, f"'{field.name}' is a required property", param=field.name)
             continue
         raw = body[field.name]
+        if raw is None and field.default is None:
+            continue
         try:
             values[field.name] = api_converter.structure(raw, field.type)
         except (cattrs.BaseValidationError, TypeError, ValueError) as exc:

@@ -12,7 +12,7 @@ from izh_trio.frontend.engine_client import EngineClient
 from izh_trio.frontend.metrics import Metrics
 from izh_trio.frontend.settings import Settings
 from izh_trio.frontend.tokenizer import ModelTokenizer
-from izh_trio.wire import Ready
+from izh_trio.wire import Ready, Stats
 
 log = logging.getLogger(__name__)
 
@@ -71,5 +71,5 @@ class Server:
     def healthy(self) -> bool:
         return self.client is not None and self.client.healthy
 
-    def _stats(self):
+    def _stats(self) -> Stats | None:
         return self.client.stats if self.client is not None else None

@@ -12,6 +12,8 @@ from typing import Any
 import attrs
 from tokenizers import Tokenizer
 
+from izh_trio.frontend.chat_template import ChatTemplate
+
 
 @attrs.frozen
 class GenerationDefaults:
@@ -21,16 +23,18 @@ class GenerationDefaults:
     top_p: float = 1.0
     top_k: int = 0
     min_p: float = 0.0
+    repetition_penalty: float = 1.0
 
     @classmethod
     def from_file(cls, path: Path) -> GenerationDefaults:
         if not path.is_file():
             return cls()
         raw = json.loads(path.read_text())
-        if raw.get("do_sample") is False:  # the checkpoint asks for greedy decoding
-            return cls(temperature=0.0)
-        fields = {name: raw[name] for name in ("temperature", "top_p", "top_k", "min_p")
+        names = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+        fields = {name: raw[name] for name in names
                   if isinstance(raw.get(name), int | float) and not isinstance(raw[name], bool)}
+        if raw.get("do_sample") is False:  # the checkpoint asks for greedy decoding
+            fields["temperature"] = 0.0
         return cls(**fields)
 
 
@@ -44,7 +48,11 @@ class ModelTokenizer:
         self.config: dict[str, Any] = (
             json.loads(config_path.read_text()) if config_path.is_file() else {}
         )
-        self.chat_template: str | None = self.config.get("chat_template")
+        # transformers >= 4.43 may write the template beside the config instead of inside it.
+        template_file = model_dir / "chat_template.jinja"
+        if template_file.is_file():
+            self.config = {**self.config, "chat_template": template_file.read_text()}
+        self.chat_template = ChatTemplate.from_tokenizer_config(self.config)
         self.defaults = GenerationDefaults.from_file(model_dir / "generation_config.json")
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
 

@@ -100,7 +100,10 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, h, positions, meta, kv_cache):
+    def forward(
+        self, h: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
         h = h + self.self_attn(self.input_layernorm(h), positions, meta, kv_cache)
         return h + self.mlp(self.post_attention_layernorm(h))
 

@@ -1,14 +1,17 @@
-"""Helpers every route needs: the server object, the JSON body, the model name check."""
+"""Helpers every route needs: the server object, the JSON body, model and id checks."""
 
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
-from quart import Quart, Request
+from quart import Quart, Request, g
 
 from izh_trio.frontend.errors import APIError
 from izh_trio.frontend.server import Server, ServerState
+
+REQUEST_ID_HEADER = "X-Request-Id"
 
 
 def server_of(app: Quart) -> Server:
@@ -32,3 +35,20 @@ def served_model(server: Server, requested: str | None) -> str:
         raise APIError(404, f"The model `{requested}` does not exist.", param="model",
                        code="model_not_found")
     return server.model_name
+
+
+def request_id(request: Request, prefix: str) -> str:
+    """The client's X-Request-Id (echoed back on the response), or a fresh one."""
+    given = request.headers.get(REQUEST_ID_HEADER, "").strip()
+    rid = given[:256] if given else f"{prefix}-{uuid.uuid4().hex}"
+    g.request_id = rid
+    return rid
+
+
+def check_salt(salt: str | None) -> None:
+    if salt is not None:
+        try:
+            salt.encode()
+        except UnicodeEncodeError:
+            raise APIError(400, "cache_salt must be valid Unicode text",
+                           param="cache_salt") from None

@@ -1,30 +1,56 @@
-"""``POST /v1/completions``: OpenAI's legacy completions, streamed or not."""
+"""``POST /v1/completions``: OpenAI's legacy completions (with vLLM's extensions)."""
 
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncIterator
-from contextlib import aclosing
 from typing import Any
 
+import attrs
 from quart import Blueprint, Response, current_app, request
 
 from izh_trio.frontend import sse
 from izh_trio.frontend.admission import TicketedBody
 from izh_trio.frontend.errors import APIError
-from izh_trio.frontend.generation import check_prompt, generate, resolve_params
-from izh_trio.frontend.routes.common import json_body, served_model, server_of
+from izh_trio.frontend.generation import ChoiceDelta, ChoiceSpec, open_generation
+from izh_trio.frontend.openai_format import (
+    TokenText,
+    check_prompt,
+    completion_logprobs,
+    sampling_params,
+    usage,
+)
+from izh_trio.frontend.routes.common import (
+    check_salt,
+    json_body,
+    request_id,
+    served_model,
+    server_of,
+)
 from izh_trio.frontend.schemas import CompletionRequest, parse_body
 from izh_trio.frontend.server import Server
 
 bp = Blueprint("completions", __name__)
 
 
-def _usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+@attrs.define
+class _Prompt:
+    ids: list[int]
+    text: str
+
+
+@attrs.define
+class _ChoiceOut:
+    """One choice as it accumulates (non-streaming) or streams (text so far, for offsets)."""
+
+    prompt: _Prompt
+    text: str = ""
+    token_ids: list[int] = attrs.Factory(list)
+    logprob_entries: list = attrs.Factory(list)
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    num_output_tokens: int = 0
+    num_cached_tokens: int = 0
 
 
 @bp.post("/v1/completions")
@@ -33,54 +59,110 @@ async def completions() -> Any:
     server = server_of(current_app)
     req = parse_body(CompletionRequest, await json_body(request))
     model = served_model(server, req.model)
-    prompt_ids = (server.tokenizer.encode(req.prompt) if isinstance(req.prompt, str)
-                  else req.prompt)
-    check_prompt(server, prompt_ids)
-    params = resolve_params(
-        server, len(prompt_ids), max_tokens=req.max_tokens, temperature=req.temperature,
-        top_p=req.top_p, top_k=req.top_k, min_p=req.min_p, seed=req.seed,
-        ignore_eos=req.ignore_eos,
-    )
+    if req.best_of not in (None, req.n):
+        raise APIError(400, "best_of is not supported (use n)", param="best_of")
+    if req.suffix:
+        raise APIError(400, "suffix is not supported by this model", param="suffix")
+    check_salt(req.cache_salt)
+    prompts = []
+    for p in req.prompt:
+        ids = server.tokenizer.encode(p) if isinstance(p, str) else p
+        check_prompt(server, ids)
+        prompts.append(_Prompt(ids, p if isinstance(p, str) else server.tokenizer.decode(ids)))
+    # echo + logprobs reports the prompt's tokens too, so the engine must score them.
+    prompt_lp = req.prompt_logprobs
+    if req.echo and req.logprobs is not None:
+        prompt_lp = max(prompt_lp or 0, req.logprobs)
+    specs = [
+        ChoiceSpec(
+            index=pi * req.n + i, prompt_ids=p.ids,
+            params=sampling_params(server, req, len(p.ids), max_tokens=req.max_tokens,
+                                   logprobs=req.logprobs, prompt_logprobs=prompt_lp, index=i),
+            stop=req.stop, include_stop_str=req.include_stop_str_in_output,
+            skip_special_tokens=req.skip_special_tokens,
+        )
+        for pi, p in enumerate(prompts) for i in range(req.n)
+    ]
     ticket = current_app.extensions["izh.admission"].admit()
-    request_id = f"cmpl-{uuid.uuid4().hex}"
-    head = {"id": request_id, "object": "text_completion", "created": int(time.time()),
-            "model": model}
+    head = {"id": request_id(request, "cmpl"), "object": "text_completion",
+            "created": int(time.time()), "model": model}
+    outs = [_ChoiceOut(prompts[s.index // req.n]) for s in specs]
+    render = _Renderer(req, TokenText(server.tokenizer.tokenizer))
     if req.stream:
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        body = _stream(server, head, prompt_ids, params, arrival, include_usage)
+        body = _stream(server, req, specs, outs, head, render, arrival)
         return Response(TicketedBody(body, ticket), mimetype="text/event-stream",
                         headers=sse.HEADERS)
-
-    text, reason, usage = [], None, _usage(len(prompt_ids), 0, 0)
     with ticket:
-        async with aclosing(generate(server, request_id, prompt_ids, params,
-                                     arrival=arrival)) as gen:
-            async for d in gen:
-                text.append(d.text)
-                reason = d.finish_reason
-                usage = _usage(d.num_prompt_tokens, d.num_output_tokens, d.num_cached_tokens)
-    choice = {"index": 0, "text": "".join(text), "logprobs": None, "finish_reason": reason,
-              "stop_reason": None}
-    return {**head, "choices": [choice], "usage": usage}
+        async with open_generation(server, specs, arrival=arrival, priority=req.priority,
+                                   cache_salt=req.cache_salt) as gen:
+            while deltas := await gen.next():
+                for d in deltas:
+                    render.apply(outs[d.index], d)
+    choices = [render.choice(i, out, out.text) for i, out in enumerate(outs)]
+    return {**head, "choices": choices, "usage": _usage(outs, req.n)}
+
+
+def _usage(outs: list[_ChoiceOut], n: int) -> dict[str, Any]:
+    firsts = outs[::n]  # one prompt counts once, however many samples it has
+    return usage(sum(len(o.prompt.ids) for o in firsts),
+                 sum(o.num_output_tokens for o in outs),
+                 sum(o.num_cached_tokens for o in firsts))
+
+
+class _Renderer:
+    def __init__(self, req: CompletionRequest, text_of: TokenText) -> None:
+        self.req = req
+        self.text_of = text_of
+
+    def apply(self, out: _ChoiceOut, d: ChoiceDelta) -> str:
+        """Fold a delta into the choice; return the text this delta adds (echo included)."""
+        text = d.text
+        if d.first and self.req.echo:
+            text = out.prompt.text + text
+            if self.req.logprobs is not None:
+                out.token_ids += out.prompt.ids
+                out.logprob_entries += [None, *(d.prompt_logprobs or ())]
+        out.text += text
+        out.token_ids += d.token_ids
+        if self.req.logprobs is not None:
+            out.logprob_entries += d.logprobs or []
+        out.finish_reason, out.stop_reason = d.finish_reason, d.stop_reason
+        out.num_output_tokens, out.num_cached_tokens = d.num_output_tokens, d.num_cached_tokens
+        return text
+
+    def choice(self, index: int, out: _ChoiceOut, text: str, *, offset: int = 0,
+               since: int = 0) -> dict[str, Any]:
+        logprobs = None
+        if self.req.logprobs is not None:
+            logprobs = completion_logprobs(self.text_of, out.logprob_entries[since:], offset,
+                                           out.token_ids[since:])
+        return {"index": index, "text": text, "logprobs": logprobs,
+                "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
 
 
 async def _stream(
-    server: Server, head: dict[str, Any], prompt_ids: list[int], params: Any, arrival: float,
-    include_usage: bool,
+    server: Server, req: CompletionRequest, specs: list[ChoiceSpec], outs: list[_ChoiceOut],
+    head: dict[str, Any], render: _Renderer, arrival: float,
 ) -> AsyncIterator[bytes]:
-    usage = None
+    opts = req.stream_options
     try:
-        # aclosing: when quart closes this generator (client gone), the inner one closes too,
-        # right now, and its open_stream exit queues the abort.
-        async with aclosing(generate(server, head["id"], prompt_ids, params,
-                                     arrival=arrival)) as gen:
-            async for d in gen:
-                choice = {"index": 0, "text": d.text, "logprobs": None,
-                          "finish_reason": d.finish_reason, "stop_reason": None}
-                yield sse.event({**head, "choices": [choice]})
-                usage = _usage(d.num_prompt_tokens, d.num_output_tokens, d.num_cached_tokens)
-        if include_usage and usage is not None:
-            yield sse.event({**head, "choices": [], "usage": usage})
+        async with open_generation(server, specs, arrival=arrival, priority=req.priority,
+                                   cache_salt=req.cache_salt) as gen:
+            while deltas := await gen.next():
+                for d in deltas:
+                    out = outs[d.index]
+                    offset, since = len(out.text), len(out.token_ids)
+                    text = render.apply(out, d)
+                    if not text and d.finish_reason is None and req.logprobs is None:
+                        continue  # held back (a possible stop string) or half a character
+                    chunk = {**head, "choices": [render.choice(d.index, out, text,
+                                                               offset=offset, since=since)]}
+                    if opts and opts.continuous_usage_stats:
+                        chunk["usage"] = _usage(outs, req.n)
+                    yield sse.event(chunk)
+        if opts and opts.include_usage:
+            yield sse.event({**head, "choices": [], "usage": _usage(outs, req.n)})
     except APIError as exc:  # the status line is gone: report in-band, then end the stream
         yield sse.event(exc.body())
     yield sse.DONE
+

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 from quart import Blueprint, Response, current_app
@@ -12,6 +13,9 @@ from izh_trio.frontend.errors import error_body
 from izh_trio.frontend.server import Server, ServerState
 
 bp = Blueprint("meta", __name__)
+
+#: The served API's description, kept in the repository's top-level ``schemas/``.
+OPENAPI_PATH = Path(__file__).resolve().parents[3] / "schemas" / "openapi.json"
 
 
 def _server() -> Server:
@@ -49,6 +53,11 @@ async def ready() -> Any:
 @bp.get("/metrics")
 async def metrics() -> Response:
     return Response(_server().metrics.render(), mimetype="text/plain; version=0.0.4")
+
+
+@bp.get("/openapi.json")
+async def openapi() -> Response:
+    return Response(OPENAPI_PATH.read_bytes(), mimetype="application/json")
 
 
 @bp.get("/version")
