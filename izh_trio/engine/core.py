@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from izh_trio.engine.block_manager import BlockManager
+from izh_trio.engine.guided import GuidedDecoding
 from izh_trio.engine.logprobs import token_logprobs
 from izh_trio.engine.model_runner import ModelRunner
 from izh_trio.engine.sampler import Sampler
@@ -13,6 +16,7 @@ from izh_trio.engine.sequence import Sequence
 from izh_trio.wire import (
     AddRequest,
     EngineConfig,
+    FinishReason,
     ModelInfo,
     Ready,
     RequestFailed,
@@ -39,7 +43,10 @@ class EngineCore:
             ),
             self.block_manager,
         )
-        self.sampler = Sampler(config.seed)
+        cfg = self.runner.model_config
+        self.guided = GuidedDecoding(Path(config.model_dir) / "tokenizer.json", cfg.vocab_size,
+                                     cfg.eos_token_ids)
+        self.sampler = Sampler(config.seed, self.guided)
         self.num_steps = 0
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -67,6 +74,8 @@ class EngineCore:
     def add_request(self, req: AddRequest) -> RequestFailed | None:
         """Admit a request, or say why not; a bad request never disturbs the others."""
         problem = self._validate(req)
+        if problem is None and req.params.grammar is not None:
+            problem = self.guided.add(req.request_id, req.params.grammar)
         if problem is not None:
             return RequestFailed(req.request_id, problem)
         stop = set(req.params.stop_token_ids)
@@ -99,7 +108,11 @@ class EngineCore:
     def abort(self, request_ids: tuple[str, ...]) -> None:
         for rid in request_ids:
             if self.scheduler.abort(rid) is not None:
-                self.sampler.forget(rid)
+                self._forget(rid)
+
+    def _forget(self, request_id: str) -> None:
+        self.sampler.forget(request_id)
+        self.guided.forget(request_id)
 
     def step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule()
@@ -120,13 +133,15 @@ class EngineCore:
             reason = self.scheduler.advance(item, token)
             if token is None:
                 continue
+            if self.guided.accept(seq.request_id, token) and reason is None:
+                reason = FinishReason.STOP  # the grammar is complete: nothing more may follow
             self.generation_tokens_total += 1
             first = seq.num_emitted == 0
             if first:
                 self.prompt_tokens_total += seq.num_prompt_tokens
             if reason is not None:
                 self.scheduler.finish(seq, reason)
-                self.sampler.forget(seq.request_id)
+                self._forget(seq.request_id)
             outputs.append(RequestOutput(
                 request_id=seq.request_id,
                 new_token_ids=seq.token_ids[seq.num_prompt_tokens + seq.num_emitted :],

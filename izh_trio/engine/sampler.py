@@ -10,6 +10,7 @@ from __future__ import annotations
 import attrs
 import torch
 
+from izh_trio.engine.guided import GuidedDecoding
 from izh_trio.engine.logits_processors import process_logits
 from izh_trio.engine.logprobs import token_logprobs
 from izh_trio.engine.sequence import Sequence
@@ -23,16 +24,18 @@ class Sampled:
 
 
 class Sampler:
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, guided: GuidedDecoding | None = None) -> None:
         self._generator = torch.Generator().manual_seed(seed)
         self._seeded: dict[str, torch.Generator] = {}
+        self._guided = guided
 
     def forget(self, request_id: str) -> None:
         self._seeded.pop(request_id, None)
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> Sampled:
         """logits: [S, V] fp32, one row per sequence in ``seqs``."""
-        processed = process_logits(logits, seqs)
+        allowed = self._guided.mask(logits, seqs) if self._guided is not None else logits
+        processed = process_logits(allowed, seqs)
         tokens = processed.argmax(dim=-1)
         random_rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
         if random_rows:

@@ -51,6 +51,8 @@ class SamplingParams:
     logprobs: int | None = attrs.field(default=None, validator=v.optional(v.ge(0)))
     #: The same for every prompt position after the first; None: none.
     prompt_logprobs: int | None = attrs.field(default=None, validator=v.optional(v.ge(0)))
+    #: Guided decoding: an llguidance grammar (lark, or its JSON form) the output must match.
+    grammar: str | None = None
 
     @property
     def penalized(self) -> bool:
