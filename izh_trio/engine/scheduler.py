@@ -160,8 +160,7 @@ class Scheduler:
         seq.token_ids.append(token)
         params = seq.params
         if seq.num_output_tokens >= params.min_tokens and token in seq.stop_token_ids:
-            if token in params.stop_token_ids:
-                seq.stop_token_id = token
+            seq.stop_token_id = token
             return FinishReason.STOP
         if (seq.num_output_tokens >= params.max_tokens
                 or seq.num_tokens >= self.config.max_model_len):

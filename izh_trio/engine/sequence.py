@@ -48,7 +48,7 @@ class Sequence:
     #: Output tokens already reported to the frontend.
     num_emitted: int = attrs.field(init=False, default=0)
     finish_reason: FinishReason | None = attrs.field(init=False, default=None)
-    #: The request's own stop token that ended it, reported as ``stop_reason``.
+    #: The eos or stop token that ended it.
     stop_token_id: int | None = attrs.field(init=False, default=None)
     #: Prompt logprobs gathered chunk by chunk, sent with the first token.
     prompt_logprobs: list = attrs.field(init=False, factory=list)

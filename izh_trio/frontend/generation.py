@@ -22,7 +22,7 @@ from izh_trio.frontend.metrics import Metrics
 from izh_trio.frontend.request_stream import EngineError, Notifier, RequestStream
 from izh_trio.frontend.server import Server
 from izh_trio.frontend.stop import StopChecker
-from izh_trio.wire import FinishReason, SamplingParams, TokenLogprobs
+from izh_trio.wire import SamplingParams, TokenLogprobs
 
 
 @attrs.frozen
@@ -71,12 +71,14 @@ class _Choice:
             metrics.itl.observe(now - self.last)
         self.last = now
         engine_done = delta.finish_reason is not None
-        shown = delta.token_ids
-        if delta.finish_reason is FinishReason.STOP and not self.spec.include_stop_str:
+        shown, stop_token = delta.token_ids, delta.stop_token_id
+        if stop_token is not None and not self.spec.include_stop_str:
             shown = shown[:-1]  # the eos or stop token itself is not part of the text
         text = self.stop.push(self.detok.push(shown), final=engine_done)
         reason: str | None = delta.finish_reason.value if engine_done else None
-        stop_reason: str | int | None = delta.stop_token_id
+        # Like vLLM: stop_reason names the request's own stop token, not the eos.
+        stop_reason: str | int | None = (
+            stop_token if stop_token in self.spec.params.stop_token_ids else None)
         if self.stop.matched is not None:
             self.stream.abort()  # now, not when the HTTP request ends
             reason, stop_reason = "stop", self.stop.matched

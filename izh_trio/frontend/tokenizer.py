@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import llguidance
 from tokenizers import Tokenizer
 
 from izh_trio.frontend.chat_template import ChatTemplate
@@ -55,6 +56,15 @@ class ModelTokenizer:
         self.chat_template = ChatTemplate.from_tokenizer_config(self.config)
         self.defaults = GenerationDefaults.from_file(model_dir / "generation_config.json")
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+        self._tokenizer_json = path
+        self._ll_tokenizer: llguidance.LLTokenizer | None = None
+
+    @property
+    def ll_tokenizer(self) -> llguidance.LLTokenizer:
+        """llguidance's view of the vocabulary, to check grammars up front (built once)."""
+        if self._ll_tokenizer is None:
+            self._ll_tokenizer = llguidance.LLTokenizer(self._tokenizer_json.read_text())
+        return self._ll_tokenizer
 
     def encode(self, text: str) -> list[int]:
         # Qwen3 adds no BOS; special-token text in a prompt is parsed as the special token.

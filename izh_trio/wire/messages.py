@@ -106,7 +106,7 @@ class RequestOutput:
     num_output_tokens: int
     num_cached_tokens: int = 0
     finish_reason: FinishReason | None = None
-    #: The id in the request's ``stop_token_ids`` that ended it (None for eos or length).
+    #: The eos or stop token that ended it; None when it ended any other way.
     stop_token_id: int | None = None
     #: One entry per new token, when the request asked for logprobs.
     logprobs: tuple[TokenLogprobs, ...] | None = None

@@ -1,4 +1,4 @@
-"""``POST /v1/chat/completions``: the chat template, then generation, in OpenAI's shapes."""
+"""``POST /v1/chat/completions``: chat template, constraints, generation, output parsing."""
 
 from __future__ import annotations
 
@@ -7,12 +7,15 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import attrs
+import trio
 from quart import Blueprint, Response, current_app, request
 
 from izh_trio.frontend import sse
 from izh_trio.frontend.admission import TicketedBody
+from izh_trio.frontend.chat_messages import normalize_tools
+from izh_trio.frontend.chat_parser import ChatOutputParser, Event, ToolCall
 from izh_trio.frontend.errors import APIError
-from izh_trio.frontend.generation import ChoiceSpec, open_generation
+from izh_trio.frontend.generation import ChoiceDelta, ChoiceSpec, open_generation
 from izh_trio.frontend.openai_format import (
     TokenText,
     chat_logprobs,
@@ -29,35 +32,66 @@ from izh_trio.frontend.routes.common import (
 )
 from izh_trio.frontend.schemas import ChatCompletionRequest, parse_body
 from izh_trio.frontend.server import Server
+from izh_trio.frontend.structured import check_grammar, request_grammar, tool_call_grammar
 
 bp = Blueprint("chat", __name__)
 
 
-@attrs.define
-class _ChoiceOut:
-    content: str = ""
-    logprobs: list = attrs.Factory(list)
-    finish_reason: str | None = None
-    stop_reason: str | int | None = None
-    num_output_tokens: int = 0
-    num_cached_tokens: int = 0
+@attrs.frozen
+class ToolPlan:
+    """What the request's ``tools`` and ``tool_choice`` mean for this generation."""
+
+    tools: list[dict[str, Any]] | None  # shown to the template (None for tool_choice "none")
+    parse: bool  # look for calls in the output
+    grammar: str | None  # forced calls: "required" or a named function
 
 
-def render_chat_prompt(server: Server, req: ChatCompletionRequest) -> list[int]:
-    """Messages through the checkpoint's chat template, then the tokenizer."""
+def plan_tools(req: ChatCompletionRequest) -> ToolPlan:
+    tools = normalize_tools(req.tools)
+    choice = req.tool_choice if req.tool_choice is not None else ("auto" if tools else "none")
+    named = None
+    if isinstance(choice, dict):
+        fn = choice.get("function")
+        if choice.get("type") != "function" or not isinstance(fn, dict) \
+                or not isinstance(fn.get("name"), str):
+            raise APIError(400, "tool_choice must be 'none', 'auto', 'required' or "
+                                '{"type": "function", "function": {"name": ...}}',
+                           param="tool_choice")
+        named = fn["name"]
+    elif choice not in ("none", "auto", "required"):
+        raise APIError(400, f"unknown tool_choice {choice!r}", param="tool_choice")
+    if choice == "none":
+        return ToolPlan(None, False, None)
+    if not tools:
+        raise APIError(400, f"tool_choice {choice if named is None else named!r} needs tools",
+                       param="tool_choice")
+    if named is not None and named not in {t["function"]["name"] for t in tools}:
+        raise APIError(400, f"tool_choice names {named!r}, which is not among the tools",
+                       param="tool_choice")
+    forced = named is not None or choice == "required"
+    grammar = (tool_call_grammar(tools, only=named, parallel=req.parallel_tool_calls and
+                                 named is None) if forced else None)
+    return ToolPlan(tools, True, grammar)
+
+
+async def _grammar(server: Server, body: dict[str, Any], plan: ToolPlan) -> str | None:
+    found = request_grammar(body)
+    if found is not None and plan.grammar is not None:
+        raise APIError(400, "a forced tool_choice cannot be combined with another output "
+                            "constraint", param=found[0])
+    param, grammar = found or ("tool_choice", plan.grammar)
+    if grammar is not None:
+        tokenizer = await trio.to_thread.run_sync(lambda: server.tokenizer.ll_tokenizer)
+        check_grammar(grammar, tokenizer, param)
+    return grammar
+
+
+def render_prompt(server: Server, req: ChatCompletionRequest, plan: ToolPlan) -> list[int]:
     template = server.tokenizer.chat_template
     if template is None:
         raise APIError(400, "this model has no chat template; use /v1/completions",
                        param="messages")
-    if req.tool_choice not in (None, "none", "auto"):
-        raise APIError(400, "tool_choice 'required' and named functions are not supported yet",
-                       param="tool_choice")
-    fmt = (req.response_format or {}).get("type", "text")
-    if fmt != "text":
-        raise APIError(400, f"response_format {fmt!r} is not supported yet",
-                       param="response_format")
-    tools = None if req.tool_choice == "none" else req.tools
-    text = template.render(req.messages, tools=tools,
+    text = template.render(req.messages, tools=plan.tools,
                            add_generation_prompt=req.add_generation_prompt,
                            continue_final_message=req.continue_final_message,
                            chat_template_kwargs=req.chat_template_kwargs)
@@ -68,19 +102,24 @@ def render_chat_prompt(server: Server, req: ChatCompletionRequest) -> list[int]:
 async def chat_completions() -> Any:
     arrival = time.monotonic()
     server = server_of(current_app)
-    req = parse_body(ChatCompletionRequest, await json_body(request))
+    body = await json_body(request)
+    req = parse_body(ChatCompletionRequest, body)
     model = served_model(server, req.model)
     check_salt(req.cache_salt)
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
-    prompt_ids = render_chat_prompt(server, req)
+    plan = plan_tools(req)
+    grammar = await _grammar(server, body, plan)
+    prompt_ids = render_prompt(server, req, plan)
     check_prompt(server, prompt_ids)
     max_tokens = req.max_completion_tokens or req.max_tokens
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     specs = [
         ChoiceSpec(index=i, prompt_ids=prompt_ids,
-                   params=sampling_params(server, req, len(prompt_ids), max_tokens=max_tokens,
-                                          logprobs=logprobs, index=i),
+                   params=attrs.evolve(sampling_params(server, req, len(prompt_ids),
+                                                       max_tokens=max_tokens,
+                                                       logprobs=logprobs, index=i),
+                                       grammar=grammar),
                    stop=req.stop, include_stop_str=req.include_stop_str_in_output,
                    skip_special_tokens=req.skip_special_tokens)
         for i in range(req.n)
@@ -88,39 +127,75 @@ async def chat_completions() -> Any:
     ticket = current_app.extensions["izh.admission"].admit()
     head = {"id": request_id(request, "chatcmpl"), "object": "chat.completion",
             "created": int(time.time()), "model": model}
-    outs = [_ChoiceOut() for _ in specs]
+    outs = [_ChoiceOut(ChatOutputParser(tools=plan.parse)) for _ in specs]
     text_of = TokenText(server.tokenizer.tokenizer)
     if req.stream:
-        body = _stream(server, req, specs, outs, {**head, "object": "chat.completion.chunk"},
-                       text_of, len(prompt_ids), arrival)
-        return Response(TicketedBody(body, ticket), mimetype="text/event-stream",
+        stream = _stream(server, req, specs, outs, {**head, "object": "chat.completion.chunk"},
+                         text_of, len(prompt_ids), arrival)
+        return Response(TicketedBody(stream, ticket), mimetype="text/event-stream",
                         headers=sse.HEADERS)
     with ticket:
         async with open_generation(server, specs, arrival=arrival, priority=req.priority,
                                    cache_salt=req.cache_salt) as gen:
             while deltas := await gen.next():
                 for d in deltas:
-                    out = outs[d.index]
-                    out.content += d.text
-                    out.logprobs += d.logprobs or []
-                    _finish(out, d)
-    choices = [{"index": i, "message": {"role": "assistant", "content": out.content,
-                                        "tool_calls": []},
-                "logprobs": {"content": chat_logprobs(text_of, out.logprobs)} if req.logprobs
-                else None,
-                "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
+                    outs[d.index].fold(d)
+    choices = [out.message_choice(i, text_of if req.logprobs else None)
                for i, out in enumerate(outs)]
     return {**head, "choices": choices, "usage": _usage(outs, len(prompt_ids))}
 
 
-def _finish(out: _ChoiceOut, d: Any) -> None:
-    out.finish_reason, out.stop_reason = d.finish_reason, d.stop_reason
-    out.num_output_tokens, out.num_cached_tokens = d.num_output_tokens, d.num_cached_tokens
+@attrs.define
+class _ChoiceOut:
+    parser: ChatOutputParser
+    reasoning: list[str] = attrs.Factory(list)
+    content: list[str] = attrs.Factory(list)
+    calls: list[ToolCall] = attrs.Factory(list)
+    logprobs: list = attrs.Factory(list)
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    num_output_tokens: int = 0
+    num_cached_tokens: int = 0
+
+    def fold(self, d: ChoiceDelta) -> list[Event]:
+        """Take a delta in; return the parsed events it completed."""
+        events = self.parser.feed(d.text)
+        if d.finish_reason is not None:
+            events += self.parser.finish()
+        for e in events:
+            if e.kind == "tool_call":
+                self.calls.append(e.call)
+            else:
+                (self.reasoning if e.kind == "reasoning" else self.content).append(e.text)
+        self.logprobs += d.logprobs or []
+        self.finish_reason = d.finish_reason
+        if d.finish_reason == "stop" and self.calls:
+            self.finish_reason = "tool_calls"
+        self.stop_reason = d.stop_reason
+        self.num_output_tokens, self.num_cached_tokens = d.num_output_tokens, d.num_cached_tokens
+        return events
+
+    def message_choice(self, index: int, text_of: TokenText | None) -> dict[str, Any]:
+        content = "".join(self.content)
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": None if self.calls and not content.strip() else content,
+            "tool_calls": [_call_json(c) for c in self.calls],
+        }
+        if self.reasoning:
+            message["reasoning_content"] = "".join(self.reasoning)
+        logprobs = {"content": chat_logprobs(text_of, self.logprobs)} if text_of else None
+        return {"index": index, "message": message, "logprobs": logprobs,
+                "finish_reason": self.finish_reason, "stop_reason": self.stop_reason}
+
+
+def _call_json(call: ToolCall) -> dict[str, Any]:
+    return {"id": call.id, "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments}}
 
 
 def _usage(outs: list[_ChoiceOut], prompt_len: int) -> dict[str, Any]:
-    return usage(prompt_len, sum(o.num_output_tokens for o in outs),
-                 outs[0].num_cached_tokens)
+    return usage(prompt_len, sum(o.num_output_tokens for o in outs), outs[0].num_cached_tokens)
 
 
 async def _stream(
@@ -144,17 +219,34 @@ async def _stream(
             while deltas := await gen.next():
                 for d in deltas:
                     out = outs[d.index]
-                    _finish(out, d)
                     if d.first:  # OpenAI opens every choice with the role
                         yield chunk(d.index, {"role": "assistant", "content": ""})
+                    n_calls = len(out.calls)
+                    events = out.fold(d)
                     lps = ({"content": chat_logprobs(text_of, d.logprobs or [])}
                            if req.logprobs else None)
-                    if d.text or (lps and lps["content"]):
-                        yield chunk(d.index, {"content": d.text}, lps)
+                    for e in events:
+                        if e.kind == "tool_call":
+                            for part in _call_deltas(n_calls, e.call):
+                                yield chunk(d.index, {"tool_calls": [part]})
+                            n_calls += 1
+                        else:
+                            key = "content" if e.kind == "content" else "reasoning_content"
+                            yield chunk(d.index, {key: e.text}, lps)
+                            lps = None
+                    if lps and lps["content"]:  # tokens whose text is still held back
+                        yield chunk(d.index, {"content": ""}, lps)
                     if d.finish_reason is not None:
-                        yield chunk(d.index, {}, None, d.finish_reason, d.stop_reason)
+                        yield chunk(d.index, {}, None, out.finish_reason, out.stop_reason)
         if opts and opts.include_usage:
             yield sse.event({**head, "choices": [], "usage": _usage(outs, prompt_len)})
     except APIError as exc:  # the status line is gone: report in-band, then end the stream
         yield sse.event(exc.body())
     yield sse.DONE
+
+
+def _call_deltas(index: int, call: ToolCall) -> list[dict[str, Any]]:
+    """OpenAI's streamed call shape: id, type and name first, then the arguments."""
+    return [{"index": index, "id": call.id, "type": "function",
+             "function": {"name": call.name, "arguments": ""}},
+            {"index": index, "function": {"arguments": call.arguments}}]

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import attrs
+import trio
 from quart import Blueprint, Response, current_app, request
 
 from izh_trio.frontend import sse
@@ -29,6 +30,7 @@ from izh_trio.frontend.routes.common import (
 )
 from izh_trio.frontend.schemas import CompletionRequest, parse_body
 from izh_trio.frontend.server import Server
+from izh_trio.frontend.structured import check_grammar, request_grammar
 
 bp = Blueprint("completions", __name__)
 
@@ -57,7 +59,8 @@ class _ChoiceOut:
 async def completions() -> Any:
     arrival = time.monotonic()
     server = server_of(current_app)
-    req = parse_body(CompletionRequest, await json_body(request))
+    body = await json_body(request)
+    req = parse_body(CompletionRequest, body)
     model = served_model(server, req.model)
     if req.best_of not in (None, req.n):
         raise APIError(400, "best_of is not supported (use n)", param="best_of")
@@ -69,6 +72,11 @@ async def completions() -> Any:
         ids = server.tokenizer.encode(p) if isinstance(p, str) else p
         check_prompt(server, ids)
         prompts.append(_Prompt(ids, p if isinstance(p, str) else server.tokenizer.decode(ids)))
+    grammar = None
+    if (found := request_grammar(body)) is not None:
+        param, grammar = found
+        tokenizer = await trio.to_thread.run_sync(lambda: server.tokenizer.ll_tokenizer)
+        check_grammar(grammar, tokenizer, param)
     # echo + logprobs reports the prompt's tokens too, so the engine must score them.
     prompt_lp = req.prompt_logprobs
     if req.echo and req.logprobs is not None:
@@ -76,8 +84,10 @@ async def completions() -> Any:
     specs = [
         ChoiceSpec(
             index=pi * req.n + i, prompt_ids=p.ids,
-            params=sampling_params(server, req, len(p.ids), max_tokens=req.max_tokens,
-                                   logprobs=req.logprobs, prompt_logprobs=prompt_lp, index=i),
+            params=attrs.evolve(
+                sampling_params(server, req, len(p.ids), max_tokens=req.max_tokens,
+                                logprobs=req.logprobs, prompt_logprobs=prompt_lp, index=i),
+                grammar=grammar),
             stop=req.stop, include_stop_str=req.include_stop_str_in_output,
             skip_special_tokens=req.skip_special_tokens,
         )

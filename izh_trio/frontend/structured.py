@@ -1,0 +1,127 @@
+"""Structured outputs: a request's constraints as one llguidance grammar, checked up front.
+
+Accepted spellings (one per request): OpenAI's ``response_format`` (``json_object``,
+``json_schema``), vLLM's ``structured_outputs`` object (``json``, ``regex``, ``choice``,
+``grammar``, ``json_object``) and its older ``guided_json`` / ``guided_regex`` /
+``guided_choice`` / ``guided_grammar`` fields, and tool calls forced by ``tool_choice``.
+JSON is compact (no free whitespace), so a bounded schema always closes in bounded tokens.
+A grammar that does not compile is a 400 before the request is admitted.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import llguidance
+
+from izh_trio.frontend.errors import APIError
+
+_JSON_OPTIONS = {"whitespace_flexible": False}
+
+
+def json_schema_grammar(schema: Any, param: str) -> str:
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as exc:
+            raise APIError(400, f"the JSON schema is not valid JSON: {exc}", param=param) from None
+    if not isinstance(schema, dict | bool):
+        raise APIError(400, "a JSON schema must be an object", param=param)
+    try:
+        return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_OPTIONS)
+    except (ValueError, RuntimeError, TypeError) as exc:
+        raise APIError(400, f"invalid JSON schema: {exc}", param=param) from None
+
+
+def regex_grammar(regex: Any, param: str) -> str:
+    if not isinstance(regex, str):
+        raise APIError(400, "a regex must be a string", param=param)
+    return llguidance.LLMatcher.grammar_from_regex(regex)
+
+
+def choice_grammar(choices: Any, param: str) -> str:
+    if not (isinstance(choices, list) and choices and all(isinstance(c, str) and c
+                                                           for c in choices)):
+        raise APIError(400, "choices must be a non-empty array of non-empty strings",
+                       param=param)
+    return "start: " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
+
+
+def lark_grammar(grammar: Any, param: str) -> str:
+    if not isinstance(grammar, str) or not grammar.strip():
+        raise APIError(400, "a grammar must be a non-empty string (Lark syntax)", param=param)
+    return grammar
+
+
+def tool_call_grammar(tools: list[dict[str, Any]], *, only: str | None, parallel: bool) -> str:
+    """Qwen3's native calls: ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``."""
+    variants = []
+    for tool in tools:
+        fn = tool["function"]
+        if only is not None and fn["name"] != only:
+            continue
+        params = fn.get("parameters") or {"type": "object"}
+        variants.append({
+            "type": "object",
+            "properties": {"name": {"const": fn["name"]}, "arguments": params},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        })
+    schema = {"anyOf": variants, "x-guidance": _JSON_OPTIONS}
+    start = 'start: call ("\\n" call)*' if parallel else "start: call"
+    return f'{start}\ncall: <tool_call> "\\n" %json {json.dumps(schema)} "\\n" </tool_call>\n'
+
+
+def _one(found: list[tuple[str, str]]) -> tuple[str, str] | None:
+    if len(found) > 1:
+        names = ", ".join(p for p, _ in found)
+        raise APIError(400, f"give only one output constraint, not several ({names})",
+                       param=found[1][0])
+    return found[0] if found else None
+
+
+def request_grammar(body: dict[str, Any]) -> tuple[str, str] | None:
+    """(param, grammar) from the raw request's constraint fields, or None."""
+    found: list[tuple[str, str]] = []
+    fmt = body.get("response_format")
+    if fmt is not None:
+        if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object",
+                                                                 "json_schema"):
+            raise APIError(400, "response_format.type must be 'text', 'json_object' or "
+                                "'json_schema'", param="response_format")
+        if fmt["type"] == "json_object":
+            found.append(("response_format", json_schema_grammar({"type": "object"},
+                                                                 "response_format")))
+        elif fmt["type"] == "json_schema":
+            spec = fmt.get("json_schema")
+            if not isinstance(spec, dict) or "schema" not in spec:
+                raise APIError(400, "response_format.json_schema.schema is required",
+                               param="response_format")
+            found.append(("response_format", json_schema_grammar(spec["schema"],
+                                                                 "response_format")))
+    so = body.get("structured_outputs")
+    if so is not None:
+        if not isinstance(so, dict):
+            raise APIError(400, "structured_outputs must be an object",
+                           param="structured_outputs")
+        makers = {"json": json_schema_grammar, "regex": regex_grammar,
+                  "choice": choice_grammar, "grammar": lark_grammar}
+        for key, make in makers.items():
+            if so.get(key) is not None:
+                found.append(("structured_outputs", make(so[key], "structured_outputs")))
+        if so.get("json_object"):
+            found.append(("structured_outputs",
+                          json_schema_grammar({"type": "object"}, "structured_outputs")))
+    legacy = {"guided_json": json_schema_grammar, "guided_regex": regex_grammar,
+              "guided_choice": choice_grammar, "guided_grammar": lark_grammar}
+    for key, make in legacy.items():
+        if body.get(key) is not None:
+            found.append((key, make(body[key], key)))
+    return _one(found)
+
+
+def check_grammar(grammar: str, tokenizer: llguidance.LLTokenizer, param: str) -> None:
+    error = llguidance.LLMatcher.validate_grammar(grammar, tokenizer)
+    if error:
+        raise APIError(400, f"invalid {param}: {error.strip()}", param=param)
