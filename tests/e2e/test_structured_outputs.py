@@ -40,7 +40,7 @@ def client(server: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0)
 
 
-def _many(fn, seeds=SEEDS) -> list:  # noqa: ANN001
+def _many(fn, seeds=SEEDS) -> list:
     with ThreadPoolExecutor(6) as pool:
         return list(pool.map(fn, seeds))
 
@@ -54,7 +54,7 @@ def _check_calls(calls: list) -> None:
 
 
 def test_required_tool_choice_always_gives_valid_calls(client: openai.OpenAI) -> None:
-    def one(seed: int):  # noqa: ANN202
+    def one(seed: int):
         return client.chat.completions.create(
             model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice="required",
             parallel_tool_calls=False, temperature=1.0, seed=seed, max_tokens=200)
@@ -68,7 +68,7 @@ def test_required_tool_choice_always_gives_valid_calls(client: openai.OpenAI) ->
 
 
 def test_named_tool_choice_calls_that_function(client: openai.OpenAI) -> None:
-    def one(seed: int):  # noqa: ANN202
+    def one(seed: int):
         return client.chat.completions.create(
             model=MODEL, messages=MESSAGES, tools=TOOLS, temperature=1.0, seed=seed,
             tool_choice={"type": "function", "function": {"name": "get_time"}}, max_tokens=200)

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from izh_trio.frontend.chat_parser import ChatOutputParser, parse_all
 
-CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich", "n": [1, 2]}}\n</tool_call>'
+CALL = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich", "n": [1, 2]}}'
+        "\n</tool_call>")
 TEXTS = [
     "<think>\nplan: call the tool</think>\n\nLet me check." + CALL + "\n" + CALL,
     "<think></think>\n\nNo tools here, just <b>content</b> and a < sign.",
