@@ -37,6 +37,18 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="accepted Bearer key (repeatable)")
     p.add_argument("--max-pending", type=int, default=d.max_pending,
                    help="requests in flight beyond which new ones get 503 (0: no cap)")
+    p.add_argument("--api-keys-file", type=Path, default=None,
+                   help="file of accepted keys, one per line")
+    p.add_argument("--rate-limit-tokens-per-minute", type=int,
+                   default=d.rate_limit_tokens_per_minute,
+                   help="per-key budget of prompt + max_tokens tokens (0: none)")
+    p.add_argument("--request-timeout", type=float, default=d.request_timeout,
+                   help="default generation deadline in seconds (0: none)")
+    p.add_argument("--drain-timeout", type=float, default=d.drain_timeout,
+                   help="seconds in-flight requests get to finish on SIGTERM")
+    p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
+    p.add_argument("--max-stream-buffer-tokens", type=int, default=d.max_stream_buffer_tokens)
+    p.add_argument("--max-engine-restarts", type=int, default=d.max_engine_restarts)
     p.add_argument("--startup-timeout", type=float, default=d.startup_timeout)
     p.add_argument("--log-level", default="INFO")
 
@@ -46,13 +58,8 @@ def _settings_from(args: argparse.Namespace) -> Settings:
     return Settings(**{k: v for k, v in vars(args).items() if k in names})
 
 
-async def _until_signal() -> None:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for _ in signals:
-            return
-
-
 def serve(settings: Settings) -> None:
+    """hypercorn's trio worker on our app; SIGTERM/SIGINT start a drain, then a shutdown."""
     from hypercorn.config import Config
     from hypercorn.trio import serve as hypercorn_serve
 
@@ -61,9 +68,17 @@ def serve(settings: Settings) -> None:
     config = Config()
     config.bind = [f"{settings.host}:{settings.port}"]
     config.startup_timeout = settings.startup_timeout
+    config.graceful_timeout = 5.0  # the drain already waited for in-flight requests
     config.accesslog = None
     app = create_app(settings)
-    trio.run(lambda: hypercorn_serve(app, config, shutdown_trigger=_until_signal))
+
+    async def until_drained() -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for _ in signals:
+                break
+        await app.extensions["izh"].drain(settings.drain_timeout)
+
+    trio.run(lambda: hypercorn_serve(app, config, shutdown_trigger=until_drained))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,6 @@ from quart import g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from izh_trio.frontend.admission import Admission
 from izh_trio.frontend.errors import APIError, error_body
 from izh_trio.frontend.routes import BLUEPRINTS
 from izh_trio.frontend.routes.common import REQUEST_ID_HEADER
@@ -26,11 +25,10 @@ def create_app(settings: Settings) -> QuartTrio:
     app.config.update(
         RESPONSE_TIMEOUT=None,  # a long stream is legitimate; deadlines are per request
         BODY_TIMEOUT=60,
-        MAX_CONTENT_LENGTH=32 << 20,
+        MAX_CONTENT_LENGTH=settings.max_body_bytes,
     )
     server = Server(settings)
     app.extensions["izh"] = server
-    app.extensions["izh.admission"] = Admission(settings.max_pending)
 
     @app.before_serving
     async def _start() -> None:
@@ -42,13 +40,13 @@ def create_app(settings: Settings) -> QuartTrio:
 
     @app.before_request
     async def _authenticate() -> Any:
-        if not settings.api_keys or not request.path.startswith("/v1/"):
+        if not server.api_keys or not request.path.startswith("/v1/"):
             return None
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
         supplied = token.strip().encode() if scheme.lower() == "bearer" else b""
         # Compare against every key so timing reveals neither a match nor which key.
         matched = False
-        for key in settings.api_keys:
+        for key in server.api_keys:
             matched |= hmac.compare_digest(supplied, key.encode())
         if not matched:
             return error_body(401, "invalid or missing API key", code="invalid_api_key"), 401

@@ -4,16 +4,21 @@ Every choice is an engine request opened in one ``AsyncExitStack``: leaving
 :func:`open_generation` for any reason (finished, error, disconnect, deadline) leaves every
 ``open_stream`` block and so aborts whatever is still running. The choices share one
 :class:`Notifier`, so one task serves them all and no task is spawned per request.
+
+A deadline is a ``trio.move_on_at`` around each wait: when it fires, the choices still
+running end with ``finish_reason: "length"`` and the block is left, which aborts them.
 """
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import attrs
+import trio
 
 from izh_trio.frontend.detokenizer import IncrementalDetokenizer
 from izh_trio.frontend.engine_client import EngineUnavailable
@@ -59,6 +64,7 @@ class _Choice:
         self.done = False
         self.started = False
         self.last: float | None = None
+        self.counts = (len(spec.prompt_ids), 0, 0)  # prompt, output, cached tokens so far
 
     def take(self, metrics: Metrics, arrival: float) -> ChoiceDelta | None:
         delta = self.stream.take_nowait()
@@ -82,27 +88,49 @@ class _Choice:
         if self.stop.matched is not None:
             self.stream.abort()  # now, not when the HTTP request ends
             reason, stop_reason = "stop", self.stop.matched
+        self.counts = (delta.num_prompt_tokens, delta.num_output_tokens,
+                       delta.num_cached_tokens)
+        return self._delta(text, delta.token_ids, delta.logprobs, delta.prompt_logprobs,
+                           reason, stop_reason, metrics, now - arrival)
+
+    def expire(self, metrics: Metrics, elapsed: float) -> ChoiceDelta:
+        """The deadline passed: end with what was generated (and any held-back text)."""
+        self.stream.abort()
+        return self._delta(self.stop.push("", final=True), [], None, None, "length", None,
+                           metrics, elapsed)
+
+    def _delta(self, text: str, token_ids: list[int], logprobs: list | None,
+               prompt_logprobs: tuple | None, reason: str | None, stop_reason: str | int | None,
+               metrics: Metrics, elapsed: float) -> ChoiceDelta:
         first, self.started = not self.started, True
         if reason is not None:
             self.done = True
-            metrics.e2e.observe(now - arrival)
+            metrics.e2e.observe(elapsed)
             metrics.request_success.labels(finished_reason=reason).inc()
-        return ChoiceDelta(self.spec.index, text, delta.token_ids, delta.logprobs,
-                           delta.prompt_logprobs, reason, stop_reason, delta.num_prompt_tokens,
-                           delta.num_output_tokens, delta.num_cached_tokens, first)
+        return ChoiceDelta(self.spec.index, text, token_ids, logprobs, prompt_logprobs, reason,
+                           stop_reason, *self.counts, first)
 
 
 class Generation:
     def __init__(self, choices: list[_Choice], notifier: Notifier, metrics: Metrics,
-                 arrival: float) -> None:
+                 arrival: float, deadline: float) -> None:
         self._choices = choices
         self._notifier = notifier
         self._metrics = metrics
         self._arrival = arrival
+        self._deadline = deadline  # trio time; inf: none
+        self._aborted: str | None = None
+
+    def abort(self, reason: str) -> None:
+        """Fail this generation from outside (server drain); the route sees a 503."""
+        self._aborted = reason
+        self._notifier.notify()
 
     async def next(self) -> list[ChoiceDelta]:
         """The deltas that arrived since the last call; an empty list once every choice ended."""
         while True:
+            if self._aborted is not None:
+                raise APIError(503, self._aborted)
             try:
                 out = [d for c in self._choices if not c.done
                        and (d := c.take(self._metrics, self._arrival)) is not None]
@@ -112,13 +140,17 @@ class Generation:
                 raise APIError(500, f"the request failed in the engine: {exc}") from None
             if out or all(c.done for c in self._choices):
                 return out
-            await self._notifier.wait()
+            with trio.move_on_at(self._deadline):
+                await self._notifier.wait()
+                continue
+            elapsed = time.monotonic() - self._arrival
+            return [c.expire(self._metrics, elapsed) for c in self._choices if not c.done]
 
 
 @asynccontextmanager
 async def open_generation(
     server: Server, specs: Sequence[ChoiceSpec], *, arrival: float, priority: int = 0,
-    cache_salt: str | None = None,
+    cache_salt: str | None = None, deadline: float = math.inf,
 ) -> AsyncIterator[Generation]:
     notifier = Notifier()
     base = uuid.uuid4().hex
@@ -132,4 +164,7 @@ async def open_generation(
             except EngineUnavailable as exc:
                 raise APIError(503, f"the engine is unavailable: {exc}") from None
             choices.append(_Choice(spec, stream, server))
-        yield Generation(choices, notifier, server.metrics, arrival)
+        generation = Generation(choices, notifier, server.metrics, arrival, deadline)
+        server.generations.add(generation)
+        stack.callback(server.generations.discard, generation)
+        yield generation

@@ -1,28 +1,41 @@
-"""What the HTTP routes share: settings, tokenizer, engine client, metrics, lifecycle."""
+"""What the HTTP routes share, and the server's lifecycle.
+
+The engine core runs under a supervisor: if it dies (or reports ``Fatal``), every in-flight
+request fails at once, ``/health`` turns 503, and a fresh core is spawned after a backoff
+(bounded retries). Shutdown is a drain with a deadline: ``/ready`` and new requests get 503
+at once, in-flight generations get ``drain_timeout`` to finish, then the rest are failed.
+"""
 
 from __future__ import annotations
 
 import enum
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
-from izh_trio.frontend.engine_client import EngineClient
+from izh_trio.frontend.admission import Admission
+from izh_trio.frontend.engine_client import ClientState, EngineClient, EngineUnavailable
+from izh_trio.frontend.limits import RateLimiter
 from izh_trio.frontend.metrics import Metrics
 from izh_trio.frontend.settings import Settings
 from izh_trio.frontend.tokenizer import ModelTokenizer
 from izh_trio.wire import Ready, Stats
 
+if TYPE_CHECKING:
+    from izh_trio.frontend.generation import Generation
+
 log = logging.getLogger(__name__)
 
 
 class ServerState(enum.Enum):
-    """CREATED -> STARTING -> SERVING -> STOPPED."""
+    """CREATED -> STARTING -> SERVING -> DRAINING -> STOPPED."""
 
     CREATED = "created"
     STARTING = "starting"
     SERVING = "serving"
+    DRAINING = "draining"
     STOPPED = "stopped"
 
 
@@ -35,7 +48,12 @@ class Server:
         self.tokenizer: ModelTokenizer | None = None
         self.client: EngineClient | None = None
         self.metrics = Metrics(self._stats, self.healthy)
-        self._client_done = trio.Event()
+        self.admission = Admission(settings.max_pending)
+        self.limiter = RateLimiter(settings.rate_limit_tokens_per_minute)
+        self.api_keys = settings.all_api_keys()
+        self.generations: set[Generation] = set()
+        self.engine_restarts = 0
+        self._supervisor_done = trio.Event()
 
     async def start(self, nursery: trio.Nursery) -> None:
         """Build or find the model, load the tokenizer, spawn the core and wait for Ready."""
@@ -43,24 +61,68 @@ class Server:
         self.model_dir = await trio.to_thread.run_sync(self.settings.resolve_model_dir)
         self.model_name = self.settings.model_name(self.model_dir)
         self.tokenizer = await trio.to_thread.run_sync(ModelTokenizer, self.model_dir)
-        self.client = EngineClient(self.settings.engine_config(self.model_dir),
-                                   startup_timeout=self.settings.startup_timeout)
-        await nursery.start(self._run_client)
+        await nursery.start(self._supervise)
         self.state = ServerState.SERVING
         log.info("serving %s from %s (max_model_len %d)", self.model_name, self.model_dir,
                  self.ready.max_model_len)
 
-    async def _run_client(self, *, task_status: trio.TaskStatus[None]) -> None:
+    async def _supervise(self, *, task_status: trio.TaskStatus[None]) -> None:
+        """Run the core; respawn it with backoff when it dies, up to ``max_engine_restarts``."""
+        config = self.settings.engine_config(self.model_dir)
+        started = False
+        failures = 0
         try:
-            await self.client.run(task_status=task_status)
+            while True:
+                client = EngineClient(config, startup_timeout=self.settings.startup_timeout,
+                                      max_buffered_tokens=self.settings.max_stream_buffer_tokens)
+                self.client = client
+                async with trio.open_nursery() as nursery:
+                    try:
+                        await nursery.start(client.run)
+                    except EngineUnavailable:
+                        if not started:
+                            raise  # a first start that fails fails the server's startup
+                    else:
+                        if not started:
+                            task_status.started()
+                            started = True
+                        else:
+                            log.info("engine core is back (restart %d)", self.engine_restarts)
+                if client.state is ClientState.CLOSED or self.state in (ServerState.DRAINING,
+                                                                       ServerState.STOPPED):
+                    return
+                failures = failures + 1 if client.ready is None else 1
+                if failures > self.settings.max_engine_restarts:
+                    log.error("engine core failed %d times in a row; giving up", failures)
+                    return
+                delay = min(30.0, 0.5 * 2 ** (failures - 1))
+                log.warning("engine core died (%s); respawning in %.1fs", client.failure, delay)
+                await trio.sleep(delay)
+                self.engine_restarts += 1
         finally:
-            self._client_done.set()
+            self._supervisor_done.set()
+
+    async def drain(self, timeout: float) -> None:
+        """Stop taking requests, let in-flight ones finish for ``timeout`` s, fail the rest."""
+        if self.state is not ServerState.SERVING:
+            return
+        self.state = ServerState.DRAINING
+        log.info("draining: %d requests in flight, %.0fs to finish", self.admission.in_flight,
+                 timeout)
+        with trio.move_on_after(timeout):
+            while self.admission.in_flight:
+                await trio.sleep(0.05)
+        for generation in list(self.generations):
+            generation.abort("the server is shutting down")
+        with trio.move_on_after(2.0):  # let the aborted ones write their error events
+            while self.admission.in_flight:
+                await trio.sleep(0.02)
 
     async def stop(self) -> None:
         self.state = ServerState.STOPPED
         if self.client is not None:
             self.client.close()
-            await self._client_done.wait()
+        await self._supervisor_done.wait()
 
     # ------------------------------------------------------------------ views
     @property
@@ -70,6 +132,9 @@ class Server:
 
     def healthy(self) -> bool:
         return self.client is not None and self.client.healthy
+
+    def serving(self) -> bool:
+        return self.state is ServerState.SERVING and self.healthy()
 
     def _stats(self) -> Stats | None:
         return self.client.stats if self.client is not None else None

@@ -15,6 +15,10 @@ def _opt_int(value: str | None) -> int | None:
     return None if value in (None, "") else int(value)
 
 
+def _opt_float(value: str | None) -> float | None:
+    return None if value in (None, "") else float(value)
+
+
 @attrs.frozen
 class Settings:
     """Everything the server is told; the engine's share becomes an ``EngineConfig``."""
@@ -38,8 +42,23 @@ class Settings:
     seed: int = 0
     engine_threads: int = attrs.field(default=0, validator=v.ge(0))
     api_keys: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    #: A file of accepted keys, one per line (``#`` comments), read at start.
+    api_keys_file: Path | None = attrs.field(
+        default=None, converter=attrs.converters.optional(Path)
+    )
     #: Requests in flight beyond which new ones get 503 (0: no cap).
     max_pending: int = attrs.field(default=0, validator=v.ge(0))
+    #: Tokens (prompt + max_tokens) each key may use per minute (0: no limit).
+    rate_limit_tokens_per_minute: int = attrs.field(default=0, validator=v.ge(0))
+    #: Default deadline of a generation in seconds (0: none); ``X-Request-Timeout`` overrides.
+    request_timeout: float = attrs.field(default=0.0, validator=v.ge(0))
+    #: On SIGTERM: how long in-flight requests get to finish before they are failed.
+    drain_timeout: float = attrs.field(default=30.0, validator=v.ge(0))
+    max_body_bytes: int = attrs.field(default=32 << 20, validator=v.ge(1024))
+    #: Output tokens a stream may fall behind its client before it is aborted.
+    max_stream_buffer_tokens: int = attrs.field(default=8192, validator=v.ge(1))
+    #: Consecutive engine-core failures after which the server stops respawning it.
+    max_engine_restarts: int = attrs.field(default=5, validator=v.ge(0))
     startup_timeout: float = attrs.field(default=600.0, validator=v.gt(0))
 
     @classmethod
@@ -60,16 +79,32 @@ class Settings:
             "max_num_batched_tokens": _opt_int(get("MAX_NUM_BATCHED_TOKENS")),
             "block_size": _opt_int(get("BLOCK_SIZE")),
             "num_kv_blocks": _opt_int(get("NUM_KV_BLOCKS")),
-            "kv_cache_gib": float(get("KV_CACHE_GIB")) if get("KV_CACHE_GIB") else None,
+            "kv_cache_gib": _opt_float(get("KV_CACHE_GIB")),
             "dtype": get("DTYPE"),
             "device": get("DEVICE"),
             "seed": _opt_int(get("SEED")),
             "engine_threads": _opt_int(get("ENGINE_THREADS")),
             "api_keys": tuple(k for k in (get("API_KEY") or "").split(",") if k) or None,
             "max_pending": _opt_int(get("MAX_PENDING")),
-            "startup_timeout": float(get("STARTUP_TIMEOUT")) if get("STARTUP_TIMEOUT") else None,
+            "api_keys_file": get("API_KEYS_FILE"),
+            "rate_limit_tokens_per_minute": _opt_int(get("RATE_LIMIT_TOKENS_PER_MINUTE")),
+            "request_timeout": _opt_float(get("REQUEST_TIMEOUT")),
+            "drain_timeout": _opt_float(get("DRAIN_TIMEOUT")),
+            "max_body_bytes": _opt_int(get("MAX_BODY_BYTES")),
+            "max_stream_buffer_tokens": _opt_int(get("MAX_STREAM_BUFFER_TOKENS")),
+            "max_engine_restarts": _opt_int(get("MAX_ENGINE_RESTARTS")),
+            "startup_timeout": _opt_float(get("STARTUP_TIMEOUT")),
         }
         return cls(**{k: val for k, val in fields.items() if val is not None})
+
+    def all_api_keys(self) -> tuple[str, ...]:
+        keys = list(self.api_keys)
+        if self.api_keys_file is not None:
+            for line in self.api_keys_file.read_text().splitlines():
+                key = line.split("#", 1)[0].strip()
+                if key:
+                    keys.append(key)
+        return tuple(keys)
 
     def resolve_model_dir(self) -> Path:
         if self.model_dir is not None:

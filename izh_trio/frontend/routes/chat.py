@@ -24,7 +24,9 @@ from izh_trio.frontend.openai_format import (
     usage,
 )
 from izh_trio.frontend.routes.common import (
+    admit,
     check_salt,
+    deadline_of,
     json_body,
     request_id,
     served_model,
@@ -124,19 +126,20 @@ async def chat_completions() -> Any:
                    skip_special_tokens=req.skip_special_tokens)
         for i in range(req.n)
     ]
-    ticket = current_app.extensions["izh.admission"].admit()
+    deadline = deadline_of(request, server)
+    ticket = admit(server, request, specs)
     head = {"id": request_id(request, "chatcmpl"), "object": "chat.completion",
             "created": int(time.time()), "model": model}
     outs = [_ChoiceOut(ChatOutputParser(tools=plan.parse)) for _ in specs]
     text_of = TokenText(server.tokenizer.tokenizer)
     if req.stream:
         stream = _stream(server, req, specs, outs, {**head, "object": "chat.completion.chunk"},
-                         text_of, len(prompt_ids), arrival)
+                         text_of, len(prompt_ids), arrival, deadline)
         return Response(TicketedBody(stream, ticket), mimetype="text/event-stream",
                         headers=sse.HEADERS)
     with ticket:
         async with open_generation(server, specs, arrival=arrival, priority=req.priority,
-                                   cache_salt=req.cache_salt) as gen:
+                                   cache_salt=req.cache_salt, deadline=deadline) as gen:
             while deltas := await gen.next():
                 for d in deltas:
                     outs[d.index].fold(d)
@@ -200,7 +203,7 @@ def _usage(outs: list[_ChoiceOut], prompt_len: int) -> dict[str, Any]:
 
 async def _stream(
     server: Server, req: ChatCompletionRequest, specs: list[ChoiceSpec], outs: list[_ChoiceOut],
-    head: dict[str, Any], text_of: TokenText, prompt_len: int, arrival: float,
+    head: dict[str, Any], text_of: TokenText, prompt_len: int, arrival: float, deadline: float,
 ) -> AsyncIterator[bytes]:
     opts = req.stream_options
     continuous = bool(opts and opts.continuous_usage_stats)
@@ -215,7 +218,7 @@ async def _stream(
 
     try:
         async with open_generation(server, specs, arrival=arrival, priority=req.priority,
-                                   cache_salt=req.cache_salt) as gen:
+                                   cache_salt=req.cache_salt, deadline=deadline) as gen:
             while deltas := await gen.next():
                 for d in deltas:
                     out = outs[d.index]

@@ -3,23 +3,65 @@
 from __future__ import annotations
 
 import json
+import math
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
+import trio
 from quart import Quart, Request, g
 
+from izh_trio.frontend.admission import Ticket
 from izh_trio.frontend.errors import APIError
+from izh_trio.frontend.generation import ChoiceSpec
 from izh_trio.frontend.server import Server, ServerState
 
 REQUEST_ID_HEADER = "X-Request-Id"
+TIMEOUT_HEADER = "X-Request-Timeout"
+
+
+#: Choices (prompts x n) one request may ask for.
+MAX_CHOICES = 64
 
 
 def server_of(app: Quart) -> Server:
     server: Server = app.extensions["izh"]
-    if server.state is not ServerState.SERVING or not server.healthy():
+    if server.state is ServerState.DRAINING:
+        raise APIError(503, "the server is shutting down", headers={"Retry-After": "1"})
+    if not server.serving():
         failure = server.client.failure if server.client else None
-        raise APIError(503, f"the server is not serving ({failure or server.state.value})")
+        raise APIError(503, f"the engine is unavailable ({failure or server.state.value})",
+                       headers={"Retry-After": "1"})
     return server
+
+
+def deadline_of(request: Request, server: Server) -> float:
+    """The generation's deadline in trio time: X-Request-Timeout, else the server default."""
+    raw = request.headers.get(TIMEOUT_HEADER)
+    if raw is not None:
+        try:
+            timeout = float(raw)
+        except ValueError:
+            timeout = -1.0
+        if not 0 < timeout < 1e7:
+            raise APIError(400, f"{TIMEOUT_HEADER} must be a positive number of seconds",
+                           param=TIMEOUT_HEADER)
+    else:
+        timeout = server.settings.request_timeout or math.inf
+    return trio.current_time() + timeout
+
+
+def admit(server: Server, request: Request, specs: Sequence[ChoiceSpec]) -> Ticket:
+    """Check size, charge the key's token budget, then take an in-flight slot (or 429/503)."""
+    if len(specs) > MAX_CHOICES:
+        raise APIError(400, f"at most {MAX_CHOICES} choices (prompts x n) per request",
+                       param="n")
+    cost = sum(len(s.prompt_ids) + s.params.max_tokens for s in specs)
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    key = token.strip() if server.api_keys and scheme.lower() == "bearer" else (
+        request.remote_addr or "anonymous")
+    server.limiter.charge(key, cost)
+    return server.admission.admit()
 
 
 async def json_body(request: Request) -> Any:

@@ -22,7 +22,9 @@ from izh_trio.frontend.openai_format import (
     usage,
 )
 from izh_trio.frontend.routes.common import (
+    admit,
     check_salt,
+    deadline_of,
     json_body,
     request_id,
     served_model,
@@ -93,18 +95,19 @@ async def completions() -> Any:
         )
         for pi, p in enumerate(prompts) for i in range(req.n)
     ]
-    ticket = current_app.extensions["izh.admission"].admit()
+    deadline = deadline_of(request, server)
+    ticket = admit(server, request, specs)
     head = {"id": request_id(request, "cmpl"), "object": "text_completion",
             "created": int(time.time()), "model": model}
     outs = [_ChoiceOut(prompts[s.index // req.n]) for s in specs]
     render = _Renderer(req, TokenText(server.tokenizer.tokenizer))
     if req.stream:
-        body = _stream(server, req, specs, outs, head, render, arrival)
+        body = _stream(server, req, specs, outs, head, render, arrival, deadline)
         return Response(TicketedBody(body, ticket), mimetype="text/event-stream",
                         headers=sse.HEADERS)
     with ticket:
         async with open_generation(server, specs, arrival=arrival, priority=req.priority,
-                                   cache_salt=req.cache_salt) as gen:
+                                   cache_salt=req.cache_salt, deadline=deadline) as gen:
             while deltas := await gen.next():
                 for d in deltas:
                     render.apply(outs[d.index], d)
@@ -152,12 +155,12 @@ class _Renderer:
 
 async def _stream(
     server: Server, req: CompletionRequest, specs: list[ChoiceSpec], outs: list[_ChoiceOut],
-    head: dict[str, Any], render: _Renderer, arrival: float,
+    head: dict[str, Any], render: _Renderer, arrival: float, deadline: float,
 ) -> AsyncIterator[bytes]:
     opts = req.stream_options
     try:
         async with open_generation(server, specs, arrival=arrival, priority=req.priority,
-                                   cache_salt=req.cache_salt) as gen:
+                                   cache_salt=req.cache_salt, deadline=deadline) as gen:
             while deltas := await gen.next():
                 for d in deltas:
                     out = outs[d.index]

@@ -10,7 +10,7 @@ from quart import Blueprint, Response, current_app
 
 from izh_trio import __version__
 from izh_trio.frontend.errors import error_body
-from izh_trio.frontend.server import Server, ServerState
+from izh_trio.frontend.server import Server
 
 bp = Blueprint("meta", __name__)
 
@@ -45,7 +45,7 @@ async def health() -> Any:
 @bp.get("/ready")
 async def ready() -> Any:
     server = _server()
-    if server.healthy() and server.state is ServerState.SERVING:
+    if server.serving():
         return {"status": "ready"}
     return error_body(503, f"not ready: {server.state.value}"), 503
 
