@@ -5,13 +5,46 @@ tokens live in the blocks its block table names, in order. One step's tokens arr
 prefill chunks first (any length, possibly continuing a cached prefix), then one token per
 decoding sequence. Decodes are batched into one masked SDPA call; prefill chunks, few per step,
 run one SDPA call each.
+
+The model runner describes a step's attention once, backend-neutrally (``StepAttention``);
+each backend turns that into its own metadata, once per step, and every layer reads it. The
+backends (this one, ``torch``, and ``triton`` in ``attention_triton.py``) share one call
+signature: ``store_kv(k, v, k_cache, v_cache, slot_mapping)`` and
+``paged_attention(q, k, v, k_cache, v_cache, meta, scale)``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import attrs
 import torch
 import torch.nn.functional as F
+
+
+@attrs.frozen
+class ChunkSpec:
+    """One sequence's share of a step, as plain ints (no tensors yet)."""
+
+    query_start: int  # offset in the flattened step
+    query_len: int
+    context_len: int  # tokens in the cache after this step, the new ones included
+    block_table: list[int]  # the blocks covering ``context_len`` tokens
+
+
+@attrs.frozen
+class StepAttention:
+    """What every backend needs to know about a step: prefill chunks first, then decodes."""
+
+    slots: list[int]  # flat cache slot of each new token
+    prefills: list[ChunkSpec]
+    decodes: list[ChunkSpec]  # query_len 1 each
+    block_size: int
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(c.query_len for c in self.prefills)
 
 
 @attrs.frozen
@@ -31,6 +64,30 @@ class AttentionMetadata:
     num_prefill_tokens: int
     decode_block_tables: torch.Tensor | None  # [B, max_blocks] int64, padded with block 0
     decode_mask: torch.Tensor | None  # [B, 1, 1, max_blocks * block_size] bool, True = attend
+
+
+def build_metadata(step: StepAttention, device: torch.device, num_kv_heads: int = 1
+                   ) -> AttentionMetadata:
+    chunks = tuple(
+        PrefillChunk(query_start=c.query_start, query_len=c.query_len, context_len=c.context_len,
+                     block_table=torch.tensor(c.block_table, dtype=torch.long, device=device))
+        for c in step.prefills
+    )
+    decode_tables = decode_mask = None
+    if step.decodes:
+        width = max(len(c.block_table) for c in step.decodes)
+        tables = [c.block_table + [0] * (width - len(c.block_table)) for c in step.decodes]
+        decode_tables = torch.tensor(tables, dtype=torch.long, device=device)
+        ctx = torch.tensor([c.context_len for c in step.decodes], device=device)
+        positions = torch.arange(width * step.block_size, device=device)
+        decode_mask = (positions[None, :] < ctx[:, None])[:, None, None, :]
+    return AttentionMetadata(
+        slot_mapping=torch.tensor(step.slots, dtype=torch.long, device=device),
+        prefills=chunks,
+        num_prefill_tokens=step.num_prefill_tokens,
+        decode_block_tables=decode_tables,
+        decode_mask=decode_mask,
+    )
 
 
 def store_kv(
@@ -63,8 +120,9 @@ def paged_attention(
             ctx = chunk.context_len
             kc = _gather(k_cache, chunk.block_table)[:ctx]
             vc = _gather(v_cache, chunk.block_table)[:ctx]
-            rows = torch.arange(ctx - n, ctx).unsqueeze(1)
-            mask, causal = torch.arange(ctx).unsqueeze(0) <= rows, False
+            rows = torch.arange(ctx - n, ctx, device=q.device).unsqueeze(1)
+            mask = torch.arange(ctx, device=q.device).unsqueeze(0) <= rows
+            causal = False
         o = F.scaled_dot_product_attention(
             qc, kc.transpose(0, 1).unsqueeze(0), vc.transpose(0, 1).unsqueeze(0),
             attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True,
@@ -80,3 +138,35 @@ def paged_attention(
         )
         out[s:] = o.squeeze(2)
     return out
+
+
+@attrs.frozen
+class AttentionBackend:
+    """One attention implementation: its per-step metadata builder and its two layer calls."""
+
+    name: str
+    build_metadata: Callable[[StepAttention, torch.device, int], Any]  # (step, device, H_kv)
+    store_kv: Callable[..., None]
+    paged_attention: Callable[..., torch.Tensor]
+
+
+TORCH_BACKEND = AttentionBackend("torch", build_metadata, store_kv, paged_attention)
+BACKEND_NAMES = ("auto", "torch", "triton")
+
+
+def resolve_backend_name(name: str, device: torch.device) -> str:
+    """``auto``: the Triton kernels on CUDA, plain torch anywhere else."""
+    if name not in BACKEND_NAMES:
+        raise ValueError(f"unknown attention backend {name!r}; expected one of {BACKEND_NAMES}")
+    if name == "auto":
+        return "triton" if device.type == "cuda" else "torch"
+    return name
+
+
+def get_backend(name: str, device: torch.device) -> AttentionBackend:
+    """The backend for ``name`` (``auto`` resolved for ``device``); triton is imported lazily."""
+    if resolve_backend_name(name, device) == "torch":
+        return TORCH_BACKEND
+    from izh_trio.engine.attention_triton import TRITON_BACKEND
+
+    return TRITON_BACKEND

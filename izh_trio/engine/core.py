@@ -160,7 +160,8 @@ class EngineCore:
     def _score_prompt(self, seq: Sequence, logits: torch.Tensor) -> None:
         """Logprobs of the prompt tokens this chunk's logits predict (called before advance)."""
         start = seq.num_computed_tokens  # row i predicts the token at start + i + 1
-        targets = torch.tensor(seq.token_ids[start + 1 : start + 1 + logits.shape[0]])
+        targets = torch.tensor(seq.token_ids[start + 1 : start + 1 + logits.shape[0]],
+                               device=logits.device)
         del seq.prompt_logprobs[start:]  # a chunk recomputed after preemption replaces its own
         seq.prompt_logprobs += token_logprobs(logits.log_softmax(dim=-1), targets,
                                               seq.params.prompt_logprobs)

@@ -67,8 +67,9 @@ class GuidedDecoding:
         )
         bits = torch.from_numpy(bitmask)  # [R, ceil(V / 32)] int32, bit k of word w = id 32w+k
         allowed = ((bits[:, :, None] >> _BITS) & 1).bool().flatten(1)[:, : logits.shape[-1]]
+        allowed = allowed.to(logits.device)
         out = logits.clone()
-        index = torch.tensor(rows)
+        index = torch.tensor(rows, device=logits.device)
         out[index] = out[index].masked_fill(~allowed, float("-inf"))
         return out
 

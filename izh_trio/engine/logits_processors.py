@@ -28,25 +28,27 @@ def process_logits(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
             # Too early to stop: the stop tokens can't be sampled at all.
             writable()[i, [t for t in seq.stop_token_ids if t < vocab]] = float("-inf")
         if p.logit_bias:
-            ids = torch.tensor([t for t, _ in p.logit_bias if t < vocab], dtype=torch.long)
-            bias = torch.tensor([b for t, b in p.logit_bias if t < vocab])
+            ids = torch.tensor([t for t, _ in p.logit_bias if t < vocab], dtype=torch.long,
+                               device=logits.device)
+            bias = torch.tensor([b for t, b in p.logit_bias if t < vocab], device=logits.device)
             writable()[i].index_add_(0, ids, bias)
 
     penalized = [i for i, s in enumerate(seqs) if s.params.penalized]
     if penalized:
         out = writable()
-        rows = torch.tensor(penalized)
+        dev = out.device
+        rows = torch.tensor(penalized, device=dev)
         group = [seqs[i] for i in penalized]
-        counts = _output_counts(group, vocab)  # [P, V]
-        rep = torch.tensor([s.params.repetition_penalty for s in group])[:, None]
+        counts = _output_counts(group, vocab).to(dev)  # [P, V]
+        rep = torch.tensor([s.params.repetition_penalty for s in group], device=dev)[:, None]
         if bool((rep != 1.0).any()):
             seen = counts > 0
-            seen |= _prompt_mask(group, vocab)
+            seen |= _prompt_mask(group, vocab).to(dev)
             x = out[rows]
             penalised = torch.where(x > 0, x / rep, x * rep)
             out[rows] = torch.where(seen, penalised, x)
-        freq = torch.tensor([s.params.frequency_penalty for s in group])[:, None]
-        pres = torch.tensor([s.params.presence_penalty for s in group])[:, None]
+        freq = torch.tensor([s.params.frequency_penalty for s in group], device=dev)[:, None]
+        pres = torch.tensor([s.params.presence_penalty for s in group], device=dev)[:, None]
         out[rows] -= freq * counts + pres * (counts > 0).float()
     return logits
 

@@ -1,4 +1,9 @@
-"""Owns the model and the KV cache; turns a step plan into tensors and logits."""
+"""Owns the model and the KV cache; turns a step plan into tensors and logits.
+
+On CUDA the runner also sizes the KV cache from free GPU memory (``gpu_memory_utilization``,
+after a profiling forward pass at the step-token budget measures activation memory) and, with
+the triton attention backend, captures CUDA graphs for pure-decode steps (``cuda_graphs.py``).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ from pathlib import Path
 import attrs
 import torch
 
-from izh_trio.engine.attention import AttentionMetadata, PrefillChunk
+from izh_trio.engine.attention import ChunkSpec, StepAttention, get_backend
 from izh_trio.engine.loader import Qwen3Config, iter_safetensors, resolve_dtype
 from izh_trio.engine.models.qwen3 import Qwen3ForCausalLM
 from izh_trio.engine.scheduler import ScheduledSeq
@@ -17,62 +22,159 @@ from izh_trio.wire import EngineConfig
 
 log = logging.getLogger(__name__)
 
+#: Kept free on the GPU beyond the measured activation peak: graph pools, allocator slack.
+CUDA_GRAPH_RESERVE_BYTES = 256 << 20
+
+
+@attrs.frozen
+class _StepInputs:
+    input_ids: list[int]
+    positions: list[int]
+    attention: StepAttention
+    sample_rows: list[int]
+    sampling: list[ScheduledSeq]
+    #: (seq, first row, rows) whose logits score the prompt's own next tokens
+    prompt_rows: list[tuple[Sequence, int, int]]
+
 
 class ModelRunner:
     def __init__(self, config: EngineConfig) -> None:
         model_dir = Path(config.model_dir)
+        self.config = config
         self.model_config = cfg = Qwen3Config.from_dir(model_dir)
         self.device = torch.device(config.device)
+        if self.device.type == "cuda" and self.device.index is not None:
+            torch.cuda.set_device(self.device)  # triton launches on the current device
         self.dtype = resolve_dtype(config.dtype, cfg.dtype)
         self.block_size = config.block_size
+        self.attention = get_backend(config.attention_backend, self.device)
         wanted_len = config.max_model_len or cfg.max_position_embeddings
 
         previous = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
         try:
             with self.device:
-                self.model = Qwen3ForCausalLM(cfg, max_positions=wanted_len)
+                self.model = Qwen3ForCausalLM(cfg, max_positions=wanted_len,
+                                              attention=self.attention)
         finally:
             torch.set_default_dtype(previous)
         self.model.load_weights(iter_safetensors(model_dir))
         self.model.eval()
 
+        use_graphs = self._wants_cuda_graphs(config)
         per_block = (2 * cfg.num_hidden_layers * config.block_size * cfg.num_key_value_heads
                      * cfg.head_dim * self.dtype.itemsize)
-        self.num_blocks = config.num_kv_blocks or max(1, config.kv_cache_bytes // per_block)
+        if config.num_kv_blocks:
+            self.num_blocks = config.num_kv_blocks
+        elif self.device.type == "cuda":
+            self.num_blocks = self._blocks_from_free_memory(per_block, wanted_len, use_graphs)
+        else:
+            self.num_blocks = max(1, config.kv_cache_bytes // per_block)
         # A sequence can never be longer than the whole cache.
         self.max_model_len = min(wanted_len, self.num_blocks * config.block_size)
-        shape = (self.num_blocks, config.block_size, cfg.num_key_value_heads, cfg.head_dim)
-        self.kv_caches = [
+        self.kv_caches = self._allocate_caches(self.num_blocks)
+        log.info("model %s: %s on %s, %s attention, %d KV blocks of %d tokens, "
+                 "max_model_len %d", model_dir, self.dtype, self.device, self.attention.name,
+                 self.num_blocks, config.block_size, self.max_model_len)
+
+        self.graphs = None
+        if use_graphs:
+            from izh_trio.engine.cuda_graphs import DecodeGraphs
+
+            with torch.inference_mode():
+                self.graphs = DecodeGraphs(
+                    lambda ids, pos, meta: self.model(ids, pos, meta, self.kv_caches),
+                    max_batch=min(config.max_num_seqs, 512),
+                    max_blocks_per_seq=-(-self.max_model_len // config.block_size),
+                    max_context=self.max_model_len, num_kv_heads=cfg.num_key_value_heads,
+                    device=self.device,
+                )
+
+    # ------------------------------------------------------------------ setup
+    def _wants_cuda_graphs(self, config: EngineConfig) -> bool:
+        possible = self.device.type == "cuda" and self.attention.name == "triton"
+        if config.cuda_graphs == "on" and not possible:
+            raise ValueError("cuda_graphs='on' needs a CUDA device and the triton attention "
+                             f"backend (device {self.device}, backend {self.attention.name})")
+        return possible and config.cuda_graphs != "off"
+
+    def _allocate_caches(self, num_blocks: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        cfg = self.model_config
+        shape = (num_blocks, self.block_size, cfg.num_key_value_heads, cfg.head_dim)
+        return [
             (torch.zeros(shape, dtype=self.dtype, device=self.device),
              torch.zeros(shape, dtype=self.dtype, device=self.device))
             for _ in range(cfg.num_hidden_layers)
         ]
-        log.info("model %s: %s on %s, %d KV blocks of %d tokens, max_model_len %d", model_dir,
-                 self.dtype, self.device, self.num_blocks, config.block_size, self.max_model_len)
 
-    def _prepare(self, batch: list[ScheduledSeq]) -> tuple[
-        torch.Tensor, torch.Tensor, AttentionMetadata, list[int], list[ScheduledSeq],
-        list[tuple[Sequence, int, int]],
-    ]:
+    @torch.inference_mode()
+    def _profile_peak_bytes(self, wanted_len: int) -> int:
+        """Peak activation memory of the largest step: a prefill chunk of the whole token budget
+        (through a throwaway cache just big enough), then logits and a sampler-like softmax and
+        sort for ``max_num_seqs`` rows."""
+        config, bs = self.config, self.block_size
+        n = max(1, min(config.max_num_batched_tokens, wanted_len))
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        base = torch.cuda.memory_allocated(self.device)
+        blocks = -(-n // bs)
+        caches = self._allocate_caches(blocks)
+        step = StepAttention(slots=list(range(n)),
+                             prefills=[ChunkSpec(0, n, n, list(range(blocks)))], decodes=[],
+                             block_size=bs)
+        meta = self.attention.build_metadata(step, self.device,
+                                             self.model_config.num_key_value_heads)
+        ids = torch.zeros(n, dtype=torch.long, device=self.device)
+        hidden = self.model(ids, torch.arange(n, device=self.device), meta, caches)
+        rows = hidden[-min(n, config.max_num_seqs):]
+        logits = self.model.compute_logits(rows)
+        logits.softmax(dim=-1)
+        logits.sort(dim=-1, descending=True)
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - base
+        del caches, meta, hidden, rows, logits
+        torch.cuda.empty_cache()
+        return peak
+
+    def _blocks_from_free_memory(self, per_block: int, wanted_len: int, use_graphs: bool
+                                 ) -> int:
+        peak = self._profile_peak_bytes(wanted_len)
+        free, total = torch.cuda.mem_get_info(self.device)
+        used = total - free  # weights, CUDA context, other processes
+        reserve = CUDA_GRAPH_RESERVE_BYTES if use_graphs else 0
+        budget = int(total * self.config.gpu_memory_utilization) - used - peak - reserve
+        blocks = budget // per_block
+        log.info("GPU memory: %.2f GiB total, %.2f GiB in use, activation peak %.2f GiB; "
+                 "KV cache %.2f GiB (%d blocks) at gpu_memory_utilization %.2f",
+                 total / 2**30, used / 2**30, peak / 2**30, max(0, blocks) * per_block / 2**30,
+                 blocks, self.config.gpu_memory_utilization)
+        if blocks < 1:
+            raise RuntimeError(
+                f"no GPU memory left for the KV cache: {used / 2**30:.2f} GiB in use and "
+                f"{peak / 2**30:.2f} GiB of activations exceed gpu_memory_utilization="
+                f"{self.config.gpu_memory_utilization} of {total / 2**30:.2f} GiB"
+            )
+        return blocks
+
+    # ------------------------------------------------------------------ a step
+    def _prepare(self, batch: list[ScheduledSeq]) -> _StepInputs:
         bs = self.block_size
         prefills = [item for item in batch if item.num_new_tokens > 1]
         decodes = [item for item in batch if item.num_new_tokens == 1]
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
-        chunks: list[PrefillChunk] = []
+        prefill_chunks: list[ChunkSpec] = []
+        decode_chunks: list[ChunkSpec] = []
         sample_rows: list[int] = []
-        # (seq, first row, rows) whose logits score the prompt's own next tokens
         prompt_rows: list[tuple[Sequence, int, int]] = []
         for item in prefills + decodes:
             seq, start, n = item.seq, item.seq.num_computed_tokens, item.num_new_tokens
             table = seq.block_table
-            if n > 1:
-                chunks.append(PrefillChunk(
-                    query_start=len(input_ids), query_len=n, context_len=start + n,
-                    block_table=torch.tensor(table[: -(-(start + n) // bs)], dtype=torch.long),
-                ))
+            chunk = ChunkSpec(query_start=len(input_ids), query_len=n, context_len=start + n,
+                              block_table=table[: -(-(start + n) // bs)])
+            (prefill_chunks if n > 1 else decode_chunks).append(chunk)
             wants_prompt = (seq.params.prompt_logprobs is not None and seq.num_emitted == 0
                             and start < seq.num_prompt_tokens - 1)
             if wants_prompt:
@@ -84,39 +186,42 @@ class ModelRunner:
             slots += [table[p // bs] * bs + p % bs for p in span]
             if item.samples:
                 sample_rows.append(len(input_ids) - 1)
-        decode_tables = decode_mask = None
-        if decodes:
-            width = max(len(item.seq.block_table) for item in decodes)
-            tables = [item.seq.block_table + [0] * (width - len(item.seq.block_table))
-                      for item in decodes]
-            decode_tables = torch.tensor(tables, dtype=torch.long)
-            ctx = torch.tensor([item.seq.num_computed_tokens + 1 for item in decodes])
-            decode_mask = (torch.arange(width * bs)[None, :] < ctx[:, None])[:, None, None, :]
-        meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.long),
-            prefills=tuple(chunks),
-            num_prefill_tokens=sum(item.num_new_tokens for item in prefills),
-            decode_block_tables=decode_tables,
-            decode_mask=decode_mask,
-        )
         order = prefills + decodes
-        return (torch.tensor(input_ids, dtype=torch.long), torch.tensor(positions), meta,
-                sample_rows, [i for i in order if i.samples], prompt_rows)
+        return _StepInputs(
+            input_ids=input_ids, positions=positions,
+            attention=StepAttention(slots=slots, prefills=prefill_chunks, decodes=decode_chunks,
+                                    block_size=bs),
+            sample_rows=sample_rows, sampling=[i for i in order if i.samples],
+            prompt_rows=prompt_rows,
+        )
+
+    def _forward(self, step: _StepInputs) -> torch.Tensor:
+        att = step.attention
+        if self.graphs is not None and not att.prefills and self.graphs.can_run(len(att.decodes)):
+            return self.graphs.run(step.input_ids, step.positions, att.slots,
+                                   [c.context_len for c in att.decodes],
+                                   [c.block_table for c in att.decodes])
+        meta = self.attention.build_metadata(att, self.device,
+                                             self.model_config.num_key_value_heads)
+        input_ids = torch.tensor(step.input_ids, dtype=torch.long, device=self.device)
+        positions = torch.tensor(step.positions, dtype=torch.long, device=self.device)
+        return self.model(input_ids, positions, meta, self.kv_caches)
 
     @torch.inference_mode()
     def execute(self, batch: list[ScheduledSeq]) -> StepLogits:
         """Run one step; fp32 logits for the rows that sample and the rows that score prompts."""
-        input_ids, positions, meta, sample_rows, sampling, prompt_rows = self._prepare(batch)
-        hidden = self.model(input_ids, positions, meta, self.kv_caches)
-        rows = list(sample_rows)
-        for _, first, count in prompt_rows:
+        step = self._prepare(batch)
+        hidden = self._forward(step)
+        rows = list(step.sample_rows)
+        for _, first, count in step.prompt_rows:
             rows += range(first, first + count)
-        logits = self.model.compute_logits(hidden[torch.tensor(rows, dtype=torch.long)])
-        prompt, at = {}, len(sample_rows)
-        for seq, _, count in prompt_rows:
+        index = torch.tensor(rows, dtype=torch.long, device=self.device)
+        logits = self.model.compute_logits(hidden[index])
+        prompt, at = {}, len(step.sample_rows)
+        for seq, _, count in step.prompt_rows:
             prompt[seq] = logits[at : at + count]
             at += count
-        return StepLogits(logits[: len(sample_rows)], sampling, prompt)
+        return StepLogits(logits[: len(step.sample_rows)], step.sampling, prompt)
 
 
 @attrs.frozen

@@ -25,7 +25,9 @@ class Sampled:
 
 class Sampler:
     def __init__(self, seed: int, guided: GuidedDecoding | None = None) -> None:
+        self._seed = seed
         self._generator = torch.Generator().manual_seed(seed)
+        self._device_generators: dict[torch.device, torch.Generator] = {}
         self._seeded: dict[str, torch.Generator] = {}
         self._guided = guided
 
@@ -45,27 +47,39 @@ class Sampler:
 
     def _sample_random(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         params = [s.params for s in seqs]
-        scaled = logits / torch.tensor([p.temperature for p in params])[:, None]
+        dev = logits.device
+        scaled = logits / torch.tensor([p.temperature for p in params], device=dev)[:, None]
         probs = _filtered_probs(
             scaled,
-            top_k=torch.tensor([p.top_k if p.top_k > 0 else scaled.shape[-1] for p in params]),
-            top_p=torch.tensor([p.top_p for p in params]),
-            min_p=torch.tensor([p.min_p for p in params]),
+            top_k=torch.tensor([p.top_k if p.top_k > 0 else scaled.shape[-1] for p in params],
+                               device=dev),
+            top_p=torch.tensor([p.top_p for p in params], device=dev),
+            min_p=torch.tensor([p.min_p for p in params], device=dev),
         )
         noise = torch.empty_like(probs)
         unseeded = [j for j, p in enumerate(params) if p.seed is None]
         if unseeded:
-            noise[unseeded] = torch.empty(len(unseeded), probs.shape[-1]).exponential_(
-                generator=self._generator
-            )
+            noise[unseeded] = torch.empty(len(unseeded), probs.shape[-1], device=dev
+                                          ).exponential_(generator=self._generator_on(dev))
         for j, seq in enumerate(seqs):
             if seq.params.seed is not None:
                 gen = self._seeded.get(seq.request_id)
                 if gen is None:
                     gen = torch.Generator().manual_seed(seq.params.seed)
                     self._seeded[seq.request_id] = gen
-                noise[j].exponential_(generator=gen)
+                # Drawn on the CPU from the request's own generator: the same on any device.
+                noise[j] = torch.empty(probs.shape[-1]).exponential_(generator=gen)
         return (probs / noise).argmax(dim=-1)
+
+    def _generator_on(self, device: torch.device) -> torch.Generator:
+        """The shared generator for unseeded rows; on an accelerator, one seeded alike there."""
+        if device.type == "cpu":
+            return self._generator
+        gen = self._device_generators.get(device)
+        if gen is None:
+            gen = torch.Generator(device=device).manual_seed(self._seed)
+            self._device_generators[device] = gen
+        return gen
 
     @staticmethod
     def _logprobs(logits: torch.Tensor, tokens: torch.Tensor, seqs: list[Sequence]
@@ -90,7 +104,7 @@ def _filtered_probs(
     vocab = logits.shape[-1]
     if bool((top_k < vocab).any()) or bool((top_p < 1.0).any()):
         sorted_logits, order = logits.sort(dim=-1, descending=True)
-        ranks = torch.arange(vocab)[None, :]
+        ranks = torch.arange(vocab, device=logits.device)[None, :]
         sorted_logits = sorted_logits.masked_fill(ranks >= top_k[:, None], float("-inf"))
         sorted_probs = sorted_logits.softmax(dim=-1)
         # Drop a token when the mass before it already reaches top_p (the first always stays).

@@ -1,12 +1,14 @@
 """Admission control: a cap on generations in flight, decided before any byte is sent.
 
 A ticket is held for the whole generation. For a streamed response that means until the body
-iterator ends or is closed, and quart closes it even if it never started (client gone before
-the first byte): :class:`TicketedBody` releases the ticket on every one of those paths.
+iterator ends or is closed. If the client leaves while the status line is being sent, quart
+never even opens the body (so never closes it): the body's finalizer returns the ticket then,
+as soon as the response object is dropped.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import AsyncIterator
 from types import TracebackType
 
@@ -50,6 +52,7 @@ class TicketedBody:
     def __init__(self, body: AsyncIterator[bytes], ticket: Ticket) -> None:
         self._body = body
         self._ticket = ticket
+        weakref.finalize(self, ticket.release)
 
     def __aiter__(self) -> TicketedBody:
         return self

@@ -25,9 +25,11 @@ _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 
 class _EngineCollector(Collector):
     """Gauges read from the core's latest Stats at scrape time: no per-step bookkeeping."""
 
-    def __init__(self, get_stats: Callable[[], Stats | None], healthy: Callable[[], bool]):
+    def __init__(self, get_stats: Callable[[], Stats | None], healthy: Callable[[], bool],
+                 in_flight: Callable[[], int]):
         self._get_stats = get_stats
         self._healthy = healthy
+        self._in_flight = in_flight
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         s = self._get_stats()
@@ -53,14 +55,18 @@ class _EngineCollector(Collector):
         yield GaugeMetricFamily("izh:prefix_cache_hit_rate",
                                 "Cumulative prefix-cache hit rate (hits / queries).",
                                 value=hits / queries if queries else 0.0)
+        yield GaugeMetricFamily("izh:num_requests_in_flight",
+                                "HTTP generations admitted and not yet finished.",
+                                value=self._in_flight())
         yield GaugeMetricFamily("izh:engine_healthy", "1 while the engine core serves.",
                                 value=1.0 if self._healthy() else 0.0)
 
 
 class Metrics:
-    def __init__(self, get_stats: Callable[[], Stats | None], healthy: Callable[[], bool]):
+    def __init__(self, get_stats: Callable[[], Stats | None], healthy: Callable[[], bool],
+                 in_flight: Callable[[], int]):
         self.registry = r = CollectorRegistry()
-        r.register(_EngineCollector(get_stats, healthy))
+        r.register(_EngineCollector(get_stats, healthy, in_flight))
         self.request_success = Counter("izh:request_success", "Finished requests.",
                                        ["finished_reason"], registry=r)
         self.ttft = Histogram("izh:time_to_first_token_seconds",

@@ -47,8 +47,8 @@ class Server:
         self.model_name = settings.served_model_name or ""
         self.tokenizer: ModelTokenizer | None = None
         self.client: EngineClient | None = None
-        self.metrics = Metrics(self._stats, self.healthy)
         self.admission = Admission(settings.max_pending)
+        self.metrics = Metrics(self._stats, self.healthy, lambda: self.admission.in_flight)
         self.limiter = RateLimiter(settings.rate_limit_tokens_per_minute)
         self.api_keys = settings.all_api_keys()
         self.generations: set[Generation] = set()

@@ -38,6 +38,16 @@ class EngineConfig:
     seed: int = 0
     #: Torch intra-op threads in the core; 0 leaves torch's default.
     num_threads: int = attrs.field(default=0, validator=v.ge(0))
+    #: Paged attention: ``triton`` kernels or plain ``torch``; ``auto`` = triton on CUDA only.
+    attention_backend: str = attrs.field(
+        default="auto", validator=v.in_(("auto", "torch", "triton"))
+    )
+    #: CUDA graphs for pure-decode steps (triton backend only); ``auto`` = on for CUDA.
+    cuda_graphs: str = attrs.field(default="auto", validator=v.in_(("auto", "on", "off")))
+    #: On CUDA, the fraction of the GPU's memory the core may use: weights, activations and a
+    #: KV cache sized to fill the rest (unless ``num_kv_blocks`` is given). ``kv_cache_bytes``
+    #: sizes the cache only on the CPU.
+    gpu_memory_utilization: float = attrs.field(default=0.9, validator=[v.gt(0.0), v.le(1.0)])
 
 
 # ---------------------------------------------------------------- frontend -> core

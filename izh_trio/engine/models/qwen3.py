@@ -8,12 +8,13 @@ Hugging Face's implementation step for step so that fp32 logits agree to roundin
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from izh_trio.engine.attention import AttentionMetadata, paged_attention, store_kv
+from izh_trio.engine.attention import TORCH_BACKEND, AttentionBackend
 from izh_trio.engine.loader import CheckpointError, Qwen3Config
 
 
@@ -52,8 +53,10 @@ class RotaryEmbedding(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: Qwen3Config, rope: RotaryEmbedding) -> None:
+    def __init__(self, cfg: Qwen3Config, rope: RotaryEmbedding, backend: AttentionBackend
+                 ) -> None:
         super().__init__()
+        self.backend = backend
         self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = cfg.head_dim
         self.q_size = self.num_heads * self.head_dim
@@ -68,7 +71,7 @@ class Attention(nn.Module):
         self.scale = self.head_dim**-0.5
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+        self, x: torch.Tensor, positions: torch.Tensor, meta: Any,  # the backend's metadata
         kv_cache: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
         t = x.shape[0]
@@ -76,8 +79,8 @@ class Attention(nn.Module):
         q = self.rope(self.q_norm(q.view(t, self.num_heads, self.head_dim)), positions)
         k = self.rope(self.k_norm(k.view(t, self.num_kv_heads, self.head_dim)), positions)
         v = v.view(t, self.num_kv_heads, self.head_dim)
-        store_kv(k, v, *kv_cache, meta.slot_mapping)
-        out = paged_attention(q, k, v, *kv_cache, meta, self.scale)
+        self.backend.store_kv(k, v, *kv_cache, meta.slot_mapping)
+        out = self.backend.paged_attention(q, k, v, *kv_cache, meta, self.scale)
         return self.o_proj(out.reshape(t, self.q_size))
 
 
@@ -93,15 +96,16 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: Qwen3Config, rope: RotaryEmbedding) -> None:
+    def __init__(self, cfg: Qwen3Config, rope: RotaryEmbedding, backend: AttentionBackend
+                 ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, rope)
+        self.self_attn = Attention(cfg, rope, backend)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
     def forward(
-        self, h: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+        self, h: torch.Tensor, positions: torch.Tensor, meta: Any,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
         h = h + self.self_attn(self.input_layernorm(h), positions, meta, kv_cache)
@@ -109,19 +113,21 @@ class DecoderLayer(nn.Module):
 
 
 class Qwen3ForCausalLM(nn.Module):
-    def __init__(self, cfg: Qwen3Config, max_positions: int) -> None:
+    def __init__(self, cfg: Qwen3Config, max_positions: int,
+                 attention: AttentionBackend = TORCH_BACKEND) -> None:
         super().__init__()
         self.config = cfg
         rope = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, max_positions)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, rope) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, rope, attention)
+                                    for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: Any,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
     ) -> torch.Tensor:
         h = self.embed_tokens(input_ids)

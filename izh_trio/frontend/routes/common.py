@@ -52,7 +52,10 @@ def deadline_of(request: Request, server: Server) -> float:
 
 
 def admit(server: Server, request: Request, specs: Sequence[ChoiceSpec]) -> Ticket:
-    """Check size, charge the key's token budget, then take an in-flight slot (or 429/503)."""
+    """Check size, take an in-flight slot, then charge the key's budget (or 400/503/429).
+
+    The slot comes first so that a request turned away for capacity costs no budget.
+    """
     if len(specs) > MAX_CHOICES:
         raise APIError(400, f"at most {MAX_CHOICES} choices (prompts x n) per request",
                        param="n")
@@ -60,8 +63,13 @@ def admit(server: Server, request: Request, specs: Sequence[ChoiceSpec]) -> Tick
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
     key = token.strip() if server.api_keys and scheme.lower() == "bearer" else (
         request.remote_addr or "anonymous")
-    server.limiter.charge(key, cost)
-    return server.admission.admit()
+    ticket = server.admission.admit()
+    try:
+        server.limiter.charge(key, cost)
+    except APIError:
+        ticket.release()
+        raise
+    return ticket
 
 
 async def json_body(request: Request) -> Any:

@@ -1,0 +1,232 @@
+"""The service as an operator sees it: capacity, deadlines, budgets, drain, engine crashes.
+
+Each test runs against a real ``izh-trio serve`` process (its own when it needs flags).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+
+from tests.e2e.conftest import engine_pid, free_port, running_server, scrape, serve_args
+
+STREAM = {"prompt": "Go on.", "temperature": 0, "ignore_eos": True, "stream": True}
+
+
+def _stream_events(base: str, body: dict, headers: dict | None = None) -> list[str]:
+    """POST a streaming request and return its SSE data lines (raises on a non-200)."""
+    with httpx.stream("POST", base + "/v1/completions", json=body, headers=headers,
+                      timeout=60) as r:
+        if r.status_code != 200:
+            r.read()
+            raise httpx.HTTPStatusError(r.text, request=r.request, response=r)
+        return [line for line in r.iter_lines() if line.startswith("data: ")]
+
+
+def _finish_reason(events: list[str]) -> str | None:
+    chunks = [json.loads(e[6:]) for e in events if e != "data: [DONE]"]
+    return [c for c in chunks if c.get("choices")][-1]["choices"][0]["finish_reason"]
+
+
+def test_admission_cap_turns_the_excess_away(hf_dir: Path, tmp_path: Path) -> None:
+    port = free_port()
+    with running_server(serve_args(hf_dir, port, "--max-pending", "4"), tmp_path / "log",
+                        port=port) as (base, _):
+        def one(_: int) -> tuple[int, str | None, str | None]:
+            try:
+                events = _stream_events(base, {**STREAM, "max_tokens": 600})
+            except httpx.HTTPStatusError as exc:
+                r = exc.response
+                assert r.json()["error"]["code"] == "server_overloaded"
+                return r.status_code, r.headers.get("Retry-After"), None
+            return 200, None, _finish_reason(events)
+
+        with ThreadPoolExecutor(12) as pool:
+            results = list(pool.map(one, range(12)))
+        ok = [r for r in results if r[0] == 200]
+        turned_away = [r for r in results if r[0] == 503]
+        assert len(ok) + len(turned_away) == 12
+        assert 1 <= len(ok) <= 4 and len(turned_away) >= 8
+        assert all(r[2] == "length" for r in ok)
+        assert all(r[1] == "1" for r in turned_away)
+
+
+def test_deadline_ends_with_what_was_generated(server: str) -> None:
+    started = time.monotonic()
+    r = httpx.post(server + "/v1/completions", timeout=30,
+                   json={"prompt": "x", "max_tokens": 1900, "temperature": 0,
+                         "ignore_eos": True}, headers={"X-Request-Timeout": "0.5"})
+    elapsed = time.monotonic() - started
+    assert r.status_code == 200, r.text
+    choice, usage = r.json()["choices"][0], r.json()["usage"]
+    assert choice["finish_reason"] == "length"
+    assert 0 < usage["completion_tokens"] < 1900
+    assert elapsed < 3.0
+    # streamed: the last chunk says "length", then [DONE]
+    events = _stream_events(server, {**STREAM, "max_tokens": 1900},
+                            {"X-Request-Timeout": "0.5"})
+    assert events[-1] == "data: [DONE]" and _finish_reason(events) == "length"
+    bad = httpx.post(server + "/v1/completions", json={"prompt": "x"},
+                     headers={"X-Request-Timeout": "soon"})
+    assert bad.status_code == 400
+    deadline = time.monotonic() + 3
+    while scrape(server)["izh:num_requests_running"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert scrape(server)["izh:kv_cache_usage_perc"] == 0
+
+
+def test_a_64_mb_body_is_413(server: str) -> None:
+    r = httpx.post(server + "/v1/completions", content=b"x" * (64 << 20),
+                   headers={"Content-Type": "application/json"}, timeout=60)
+    assert r.status_code == 413 and r.json()["error"]["code"] == 413
+
+
+def test_token_budget_per_key(hf_dir: Path, tmp_path: Path) -> None:
+    port = free_port()
+    keys = tmp_path / "keys"
+    keys.write_text("# operators' keys\nalpha\nbeta  # second tenant\n")
+    args = serve_args(hf_dir, port, "--api-keys-file", str(keys),
+                      "--rate-limit-tokens-per-minute", "3000")
+    with running_server(args, tmp_path / "log", port=port) as (base, _):
+        # 100 prompt + 1,500 output tokens: 1,600 charged up front, 1,400 left of the 3,000.
+        body = {"prompt": list(range(100, 200)), "max_tokens": 1500, "temperature": 0,
+                "ignore_eos": True}
+
+        def call(key: str, **extra: object) -> httpx.Response:
+            return httpx.post(base + "/v1/completions", timeout=60, json={**body, **extra},
+                              headers={"Authorization": f"Bearer {key}"})
+
+        # While the first runs, a second of the same size does not fit: 200 tokens short,
+        # about 4 s of refill at 50 tokens/s.
+        with httpx.stream("POST", base + "/v1/completions", json={**body, "stream": True},
+                          headers={"Authorization": "Bearer alpha"}, timeout=60) as first:
+            assert first.status_code == 200
+            second = call("alpha")
+            assert second.status_code == 429
+            assert second.json()["error"]["code"] == "rate_limit_exceeded"
+            assert 1 <= int(second.headers["Retry-After"]) <= 5
+            assert call("beta", max_tokens=5).status_code == 200  # its own budget
+        assert call("gamma").status_code == 401
+
+
+def test_sigterm_drains_in_flight_streams_then_exits_0(hf_dir: Path, tmp_path: Path) -> None:
+    port = free_port()
+    args = serve_args(hf_dir, port, "--drain-timeout", "30")
+    with running_server(args, tmp_path / "log", port=port) as (base, proc):
+        with ThreadPoolExecutor(6) as pool:
+            streams = [pool.submit(_stream_events, base, {**STREAM, "max_tokens": 400})
+                       for _ in range(6)]
+            deadline = time.monotonic() + 10
+            while scrape(base)["izh:num_requests_running"] < 6 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.2)
+            try:
+                late = httpx.post(base + "/v1/completions", json={"prompt": "x"}, timeout=5)
+                assert late.status_code == 503
+                assert httpx.get(base + "/ready").status_code == 503
+            except httpx.TransportError:
+                pass  # already closed to new connections: also a refusal
+            for f in streams:
+                events = f.result()
+                assert events[-1] == "data: [DONE]" and _finish_reason(events) == "length"
+        assert proc.wait(timeout=30) == 0
+
+
+def test_drain_deadline_fails_what_is_left(hf_dir: Path, tmp_path: Path) -> None:
+    port = free_port()
+    with running_server(serve_args(hf_dir, port, "--drain-timeout", "0.5"), tmp_path / "log",
+                        port=port) as (base, proc):
+        with ThreadPoolExecutor(1) as pool:
+            stream = pool.submit(_stream_events, base, {**STREAM, "max_tokens": 1900})
+            time.sleep(0.5)
+            proc.send_signal(signal.SIGTERM)
+            events = stream.result()
+        assert events[-1] == "data: [DONE]"
+        error = json.loads(events[-2][6:])["error"]
+        assert error["code"] == 503 and "shutting down" in error["message"]
+        assert proc.wait(timeout=30) == 0
+
+
+async def test_engine_crash_fails_the_stream_then_recovers(hf_dir: Path, tmp_path: Path
+                                                          ) -> None:
+    port = free_port()
+    with running_server(serve_args(hf_dir, port), tmp_path / "log", port=port) as (base, proc):
+        first_engine = engine_pid(proc.pid)
+        events: list[str] = []
+        async with httpx.AsyncClient(timeout=30) as client:
+            with trio.fail_after(10):
+                async with client.stream("POST", base + "/v1/completions",
+                                         json={**STREAM, "max_tokens": 1800}) as r:
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: "):
+                            events.append(line)
+                            if len(events) == 1:
+                                crashed_at = trio.current_time()
+                                os.kill(first_engine, signal.SIGKILL)
+            assert trio.current_time() - crashed_at < 1.0
+            assert events[-1] == "data: [DONE]"
+            assert json.loads(events[-2][6:])["error"]["code"] == 500
+            with trio.fail_after(30):  # respawned by itself
+                while (await client.get(base + "/health")).status_code != 200:
+                    await trio.sleep(0.1)
+            r = await client.post(base + "/v1/completions", json={"prompt": "x",
+                                                                  "max_tokens": 3})
+            assert r.status_code == 200
+        assert engine_pid(proc.pid) != first_engine
+
+
+@pytest.mark.timeout(240)
+async def test_cancellation_storm_leaves_nothing_behind(server: str) -> None:
+    """300 requests that disconnect, time out or hit stop strings at random, under load."""
+    import random
+
+    rng = random.Random(2026)
+    outcomes: dict[str, int] = {}
+
+    async def one(client: httpx.AsyncClient, i: int, limiter: trio.CapacityLimiter) -> None:
+        kind = rng.choice(["disconnect", "deadline", "stop", "finish"])
+        body = {"prompt": f"storm {i}", "max_tokens": rng.randint(10, 150), "ignore_eos": True,
+                "stream": rng.random() < 0.8, "temperature": 1.0}
+        headers = {}
+        if kind == "deadline":
+            headers["X-Request-Timeout"] = f"{rng.uniform(0.05, 1.0):.3f}"
+        if kind == "stop":
+            body["stop"] = [rng.choice(["e", "a", " th", "in"])]
+        async with limiter:
+            with trio.move_on_after(rng.uniform(0.01, 1.5) if kind == "disconnect" else 60):
+                if body["stream"]:
+                    async with client.stream("POST", server + "/v1/completions", json=body,
+                                             headers=headers) as r:
+                        async for _ in r.aiter_lines():
+                            pass
+                else:
+                    await client.post(server + "/v1/completions", json=body, headers=headers)
+        outcomes[kind] = outcomes.get(kind, 0) + 1
+
+    limits = httpx.Limits(max_connections=100)
+    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+        limiter = trio.CapacityLimiter(64)
+        async with trio.open_nursery() as nursery:
+            for i in range(300):
+                nursery.start_soon(one, client, i, limiter)
+        assert sum(outcomes.values()) == 300
+        with trio.fail_after(5):
+            while True:
+                m = scrape(server)
+                if m["izh:num_requests_running"] == 0 and m["izh:kv_cache_usage_perc"] == 0 \
+                        and m["izh:num_requests_waiting"] == 0 \
+                        and m["izh:num_requests_in_flight"] == 0:
+                    break
+                await trio.sleep(0.05)
+        assert (await client.get(server + "/health")).status_code == 200
+        r = await client.post(server + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
+        assert r.status_code == 200
