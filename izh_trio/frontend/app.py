@@ -53,10 +53,15 @@ def create_app(settings: Settings) -> QuartTrio:
         return None
 
     @app.after_request
-    async def _echo_request_id(response: Any) -> Any:
+    async def _finish_headers(response: Any) -> Any:
         rid = getattr(g, "request_id", None) or request.headers.get(REQUEST_ID_HEADER)
         if rid:
             response.headers[REQUEST_ID_HEADER] = rid
+        # An error sent before the request body was read (auth, routing, size) can leave that
+        # body on the connection, and hypercorn then stalls the next request on it: close.
+        has_body = request.content_length or "Transfer-Encoding" in request.headers
+        if response.status_code >= 400 and has_body:
+            response.headers["Connection"] = "close"
         return response
 
     @app.errorhandler(APIError)

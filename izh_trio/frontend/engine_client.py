@@ -87,6 +87,7 @@ class EngineClient:
         self._to_core_send, self._to_core_recv = trio.open_memory_channel[ToCore](math.inf)
         self._started = trio.Event()
         self._process: trio.Process | None = None
+        self._scope: trio.CancelScope | None = None
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self, *, task_status: trio.TaskStatus[EngineClient] = trio.TASK_STATUS_IGNORED
@@ -106,19 +107,27 @@ class EngineClient:
             os.close(child_out)
         to_core = trio.lowlevel.FdStream(parent_out)
         from_core = trio.lowlevel.FdStream(parent_in)
+        started = False
         try:
             async with trio.open_nursery() as nursery:
+                self._scope = nursery.cancel_scope
                 nursery.start_soon(self._write_loop, to_core)
                 nursery.start_soon(self._read_loop, from_core)
                 with trio.move_on_after(self.startup_timeout):
                     await self._started.wait()
-                if self.state is not ClientState.READY:
+                if self.state is ClientState.READY:
+                    started = True
+                    task_status.started(self)
+                else:
                     self._fail(self.failure or "the engine core did not start in time")
-                    raise EngineUnavailable(self.failure)
-                task_status.started(self)
+        except Exception as exc:  # a bug in a pipe task: nothing this client says is trusted
+            log.exception("engine client task failed")
+            self._fail(f"engine client error: {exc!r}")
         finally:
             with trio.CancelScope(shield=True):
                 await self._reap()
+        if not started:
+            raise EngineUnavailable(self.failure)
 
     def close(self) -> None:
         """Ask the core to stop; ``run`` returns once it has exited."""
@@ -148,6 +157,8 @@ class EngineClient:
         self._to_core_send.close()
         self._started.set()
         self._fail_streams(message)
+        if self._scope is not None:  # stop the pipe tasks: closing the pipe ends the core
+            self._scope.cancel()
 
     def _fail_streams(self, message: str) -> None:
         for stream in self._streams.values():
@@ -176,7 +187,12 @@ class EngineClient:
                     except (trio.WouldBlock, trio.EndOfChannel):
                         break
                 try:
-                    await stream.send_all(encode_frame(batch))
+                    frame = encode_frame(batch)
+                except Exception as exc:  # checked per request already: this is a bug
+                    self._fail(f"could not encode a frame for the engine core: {exc!r}")
+                    return
+                try:
+                    await stream.send_all(frame)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     self._fail("the engine core's pipe closed")
                     return
@@ -238,11 +254,16 @@ class EngineClient:
             raise EngineUnavailable(self.failure or f"the engine is {self.state.value}")
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in flight")
+        add = AddRequest(request_id, prompt_token_ids, params, priority, cache_salt)
+        try:  # a message that can't be encoded must fail this request, not the pipe
+            encode_frame([add])
+        except (ProtocolError, ValueError, TypeError, OverflowError) as exc:
+            raise ValueError(f"the request cannot be sent to the engine: {exc}") from exc
         stream = RequestStream(request_id, len(prompt_token_ids), self.max_buffered_tokens,
                                notifier or Notifier(),
                                abort=lambda: self._queue(Abort((request_id,))))
         self._streams[request_id] = stream
-        self._queue(AddRequest(request_id, prompt_token_ids, params, priority, cache_salt))
+        self._queue(add)
         try:
             yield stream
         finally:

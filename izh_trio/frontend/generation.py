@@ -163,6 +163,8 @@ async def open_generation(
                     cache_salt=cache_salt, notifier=notifier))
             except EngineUnavailable as exc:
                 raise APIError(503, f"the engine is unavailable: {exc}") from None
+            except ValueError as exc:
+                raise APIError(400, str(exc)) from None
             choices.append(_Choice(spec, stream, server))
         generation = Generation(choices, notifier, server.metrics, arrival, deadline)
         server.generations.add(generation)

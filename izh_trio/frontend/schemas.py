@@ -40,7 +40,12 @@ def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-_strict(int, _is_int, "an integer")
+def _is_int64(x: Any) -> bool:
+    """Every integer field crosses the engine pipe as msgpack: it must fit in 64 bits."""
+    return _is_int(x) and -(2**63) <= x < 2**63
+
+
+_strict(int, _is_int64, "a 64-bit integer")
 _strict(float, lambda x: isinstance(x, int | float) and not isinstance(x, bool), "a number")
 _strict(bool, lambda x: isinstance(x, bool), "a boolean")
 _strict(str, lambda x: isinstance(x, str), "a string")
@@ -167,7 +172,7 @@ class ChatCompletionRequest(SamplingFields):
     tools: Any = None
     tool_choice: Any = None
     parallel_tool_calls: bool = True
-    response_format: dict[str, Any] | None = None
+    response_format: Any = None  # checked by structured.request_grammar
     chat_template_kwargs: Any = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -188,13 +193,13 @@ def parse_body(cls: type[T], body: Any) -> T:
             continue
         try:
             values[field.name] = api_converter.structure(raw, field.type)
-        except (cattrs.BaseValidationError, TypeError, ValueError) as exc:
+        except Exception as exc:  # whatever a client's value breaks is the client's 400
             detail = _first_message(exc)
             raise APIError(400, f"invalid '{field.name}': {detail}", param=field.name) from None
     try:
         return cls(**values)
     except (TypeError, ValueError) as exc:
-        match = re.match(r"'(\w+)'", str(exc))  # attrs validators name the field first
+        match = re.search(r"'(\w+)'", str(exc))  # attrs validators quote the field's name
         raise APIError(400, str(exc), param=match[1] if match else None) from None
 
 

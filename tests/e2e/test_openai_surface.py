@@ -202,6 +202,14 @@ def test_tokenize_and_detokenize(server: str, reference) -> None:
         ("completions", {"prompt": "x", "presence_penalty": 3}, 400, "presence_penalty"),
         ("completions", {"prompt": "x", "stop_token_ids": [10**6]}, 400, "stop_token_ids"),
         ("completions", {"prompt": "x", "logprobs": 21}, 400, "logprobs"),
+        # values that would overflow the engine pipe's 64-bit integers
+        ("completions", {"prompt": "x", "seed": 2**64}, 400, "seed"),
+        ("completions", {"prompt": "x", "priority": -(2**70)}, 400, "priority"),
+        ("chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "top_k": 2**64}, 400, "top_k"),
+        ("chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "response_format": []}, 400, "response_format"),
+        ("completions", {"prompt": "x", "cache_salt": ""}, 400, "cache_salt"),
     ],
 )
 def test_more_bad_requests(server: str, route: str, body: dict, status: int, param: str) -> None:
@@ -209,3 +217,5 @@ def test_more_bad_requests(server: str, route: str, body: dict, status: int, par
     assert r.status_code == status, r.text
     assert r.json()["error"]["param"] == param
     assert httpx.get(server + "/health").status_code == 200
+    ok = httpx.post(f"{server}/v1/completions", json={"prompt": "x", "max_tokens": 1})
+    assert ok.status_code == 200  # and everyone else is still served

@@ -214,6 +214,8 @@ async def _stream(
                                      "finish_reason": finish, "stop_reason": stop_reason}]}
         if continuous:
             body["usage"] = _usage(outs, prompt_len)
+        elif opts and opts.include_usage:
+            body["usage"] = None  # as OpenAI: the totals come in a last chunk
         return sse.event(body)
 
     try:

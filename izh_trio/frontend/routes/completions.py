@@ -172,6 +172,8 @@ async def _stream(
                                                                offset=offset, since=since)]}
                     if opts and opts.continuous_usage_stats:
                         chunk["usage"] = _usage(outs, req.n)
+                    elif opts and opts.include_usage:
+                        chunk["usage"] = None  # as OpenAI: the totals come in a last chunk
                     yield sse.event(chunk)
         if opts and opts.include_usage:
             yield sse.event({**head, "choices": [], "usage": _usage(outs, req.n)})

@@ -41,7 +41,8 @@ async def tokenize() -> Any:
     if (req.prompt is None) == (req.messages is None):
         raise APIError(400, "give exactly one of 'prompt' or 'messages'", param="prompt")
     if req.prompt is not None:
-        ids = server.tokenizer.encode(req.prompt)
+        ids = server.tokenizer.tokenizer.encode(
+            req.prompt, add_special_tokens=req.add_special_tokens).ids
     else:
         template = server.tokenizer.chat_template
         if template is None:
