@@ -140,6 +140,9 @@ class Generation:
                 raise APIError(500, f"the request failed in the engine: {exc}") from None
             if out or all(c.done for c in self._choices):
                 return out
+            if self._deadline == math.inf:  # no deadline: skip the cancel scope (hot path)
+                await self._notifier.wait()
+                continue
             with trio.move_on_at(self._deadline):
                 await self._notifier.wait()
                 continue

@@ -17,6 +17,7 @@ import cattrs
 import msgpack
 from cattrs.preconf.msgpack import make_converter
 
+from izh_trio.wire import hot
 from izh_trio.wire import messages as m
 
 _LEN = struct.Struct(">I")
@@ -75,6 +76,13 @@ def _strict_tuple(tp: Any) -> typing.Callable[[Any, Any], tuple]:
     return hook
 
 
+_POSITIONAL = frozenset({m.StepOutputs})
+converter.register_unstructure_hook(m.StepOutputs, hot.unstructure_step)
+converter.register_structure_hook(m.StepOutputs, lambda v, _t: hot.structure_step(v))
+converter.register_unstructure_hook(m.RequestOutput, hot.unstructure_output)
+converter.register_structure_hook(m.RequestOutput, lambda v, _t: hot.structure_output(v))
+
+
 class ProtocolError(Exception):
     """The byte stream is not a valid frame sequence."""
 
@@ -100,14 +108,17 @@ def decode_payload(payload: bytes) -> list[m.Message]:
             isinstance(item, list)
             and len(item) == 2
             and type(item[0]) is int  # not a bool
-            and isinstance(item[1], dict)
+            and isinstance(item[1], dict | list)  # a list: the positional hot messages
         ):
             raise ProtocolError(f"malformed message entry {item!r:.80}")
         tag, fields = item
         if not 0 <= tag < len(_TAGGED):
             raise ProtocolError(f"unknown message tag {tag}")
+        cls = _TAGGED[tag]
+        if (type(fields) is list) != (cls in _POSITIONAL):
+            raise ProtocolError(f"malformed {cls.__name__}: wrong container for its fields")
         try:
-            out.append(converter.structure(fields, _TAGGED[tag]))
+            out.append(converter.structure(fields, cls))
         except (cattrs.BaseValidationError, TypeError, ValueError) as exc:
             name = _TAGGED[tag].__name__
             raise ProtocolError(f"malformed {name}: {exc!r:.300}") from exc

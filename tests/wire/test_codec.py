@@ -430,8 +430,11 @@ def _frame_with(msg: Any, body: Any) -> bytes:
 
 
 def _cases(make: Any) -> list[Any]:
+    """Cases for the map-encoded messages; the positional hot ones are tested further down."""
     cases = []
     for msg in EXAMPLES:
+        if type(msg) in codec._POSITIONAL:
+            continue
         for case in make(msg):
             cases.append(pytest.param(msg, *case, id=f"{type(msg).__name__}-{case[0]}"))
     return cases
@@ -584,3 +587,52 @@ def test_sampling_params_accepts_edges() -> None:
     assert SamplingParams(top_k=1, temperature=0.8).greedy
     assert not SamplingParams(temperature=0.8).greedy
     assert SamplingParams(stop_token_ids=[0, 3]).stop_token_ids == (0, 3)
+
+
+# ---------------------------------------------------------------- positional hot messages
+
+_LP = m.TokenLogprobs(3, -0.5, 2, (3, 9), (-0.5, -1.25))
+_STEP = m.StepOutputs((
+    m.RequestOutput("a", (1, 2), 3, 2, 1, m.FinishReason.STOP, 2, (_LP,), (_LP, _LP)),
+    m.RequestOutput("b", (7,), 5, 1),
+))
+
+
+def test_step_outputs_travel_as_arrays() -> None:
+    (entry,) = msgpack.unpackb(encode_frame([_STEP])[4:])
+    assert entry[0] == codec._TAG_OF[m.StepOutputs]
+    assert entry[1][1] == ["b", [7], 5, 1, 0, None, None, None, None]
+    assert decode_all(encode_frame([_STEP])) == [_STEP]
+
+
+@pytest.mark.parametrize(("index", "wrong"), [
+    (0, 5), (1, "12"), (1, [1, "2"]), (1, [True]), (2, 3.0), (3, None), (4, "0"),
+    (5, "STOP"), (5, 1), (6, "2"), (7, {}), (7, [[1, 2]]), (7, [[3, -0.5, 2, [3], ["x"]]]),
+    (8, "x"), (8, [[3, 1, 2, [], []]]),
+])
+def test_positional_output_with_a_wrong_value(index: int, wrong: Any) -> None:
+    body = converter.unstructure(_STEP)
+    body[0][index] = wrong
+    with pytest.raises(ProtocolError, match="StepOutputs"):
+        decode_all(packed([[codec._TAG_OF[m.StepOutputs], body]]))
+
+
+@pytest.mark.parametrize("change", ["short", "long", "map", "not-a-list"])
+def test_positional_output_with_a_wrong_shape(change: str) -> None:
+    body = converter.unstructure(_STEP)
+    if change == "short":
+        body[0] = body[0][:-1]
+    elif change == "long":
+        body[0] = [*body[0], "added_in_a_later_version"]
+    elif change == "map":
+        body = {"outputs": body}
+    else:
+        body[0] = "a"
+    with pytest.raises(ProtocolError, match="StepOutputs"):
+        decode_all(packed([[codec._TAG_OF[m.StepOutputs], body]]))
+
+
+def test_a_map_message_sent_as_an_array_is_refused() -> None:
+    body = list(converter.unstructure(m.Stats(1, 2, 0.5, 3, 4)).values())
+    with pytest.raises(ProtocolError, match="Stats"):
+        decode_all(packed([[codec._TAG_OF[m.Stats], body]]))
