@@ -21,12 +21,15 @@ from izh_trio.engine.attention import AttentionBackend, StepAttention
 
 try:
     import kernels
-except ImportError:  # an installed izh_trio run from outside the checkout: kernels/ sits beside it
+except ImportError:  # izh_trio imported from outside the checkout: kernels/ sits beside it
     _root = Path(__file__).resolve().parents[2]
     if not (_root / "kernels" / "__init__.py").is_file():
         raise
     sys.path.append(str(_root))
     import kernels
+if not hasattr(kernels, "decode_attention"):
+    raise ImportError(f"{kernels.__file__} is another package named 'kernels'; put this "
+                      "project's checkout first on PYTHONPATH")
 
 
 @attrs.frozen
