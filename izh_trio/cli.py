@@ -30,7 +30,14 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kv-cache-gib", type=float, default=d.kv_cache_gib)
     p.add_argument("--dtype", default=d.dtype,
                    choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument("--device", default=d.device)
+    p.add_argument("--device", default=d.device, help="cpu, cuda or cuda:N")
+    p.add_argument("--attention-backend", default=d.attention_backend,
+                   choices=["auto", "torch", "triton"],
+                   help="auto: triton kernels on CUDA, the torch path on CPU")
+    p.add_argument("--cuda-graphs", default=d.cuda_graphs, choices=["auto", "on", "off"],
+                   help="capture decode steps as CUDA graphs (auto: on with CUDA + triton)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization,
+                   help="fraction of GPU memory for weights, activations and the KV cache")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--engine-threads", type=int, default=d.engine_threads)
     p.add_argument("--api-key", action="append", default=[], dest="api_keys",

@@ -39,6 +39,10 @@ class Settings:
     dtype: str = attrs.field(default="auto", validator=v.in_(("auto", "float32", "bfloat16",
                                                                 "float16")))
     device: str = "cpu"
+    attention_backend: str = attrs.field(default="auto",
+                                         validator=v.in_(("auto", "torch", "triton")))
+    cuda_graphs: str = attrs.field(default="auto", validator=v.in_(("auto", "on", "off")))
+    gpu_memory_utilization: float = attrs.field(default=0.9, validator=[v.gt(0), v.le(1)])
     seed: int = 0
     engine_threads: int = attrs.field(default=0, validator=v.ge(0))
     api_keys: tuple[str, ...] = attrs.field(default=(), converter=tuple)
@@ -82,6 +86,9 @@ class Settings:
             "kv_cache_gib": _opt_float(get("KV_CACHE_GIB")),
             "dtype": get("DTYPE"),
             "device": get("DEVICE"),
+            "attention_backend": get("ATTENTION_BACKEND"),
+            "cuda_graphs": get("CUDA_GRAPHS"),
+            "gpu_memory_utilization": _opt_float(get("GPU_MEMORY_UTILIZATION")),
             "seed": _opt_int(get("SEED")),
             "engine_threads": _opt_int(get("ENGINE_THREADS")),
             "api_keys": tuple(k for k in (get("API_KEY") or "").split(",") if k) or None,
@@ -127,6 +134,9 @@ class Settings:
             kv_cache_bytes=int(self.kv_cache_gib * (1 << 30)),
             dtype=self.dtype,
             device=self.device,
+            attention_backend=self.attention_backend,
+            cuda_graphs=self.cuda_graphs,
+            gpu_memory_utilization=self.gpu_memory_utilization,
             seed=self.seed,
             num_threads=self.engine_threads,
         )
