@@ -43,18 +43,24 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x: [T, H, D]."""
-        cos = self.cos[positions].unsqueeze(1).to(x.dtype)
-        sin = self.sin[positions].unsqueeze(1).to(x.dtype)
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rotated * sin
+    def table(self, positions: torch.Tensor, dtype: torch.dtype) -> Rotation:
+        """cos/sin of this step's positions, looked up once and shared by every layer."""
+        return (self.cos[positions].unsqueeze(1).to(dtype),
+                self.sin[positions].unsqueeze(1).to(dtype))
+
+
+Rotation = tuple[torch.Tensor, torch.Tensor]  # cos, sin: [T, 1, D]
+
+
+def apply_rope(x: torch.Tensor, rotation: Rotation) -> torch.Tensor:
+    """x: [T, H, D], rotated by each token's position (the rotate-half convention)."""
+    cos, sin = rotation
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: Qwen3Config, rope: RotaryEmbedding, backend: AttentionBackend
-                 ) -> None:
+    def __init__(self, cfg: Qwen3Config, backend: AttentionBackend) -> None:
         super().__init__()
         self.backend = backend
         self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
@@ -67,17 +73,16 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.attention_bias)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
-        self.rope = rope
         self.scale = self.head_dim**-0.5
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, meta: Any,  # the backend's metadata
+        self, x: torch.Tensor, rotation: Rotation, meta: Any,  # the backend's metadata
         kv_cache: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
         t = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = self.rope(self.q_norm(q.view(t, self.num_heads, self.head_dim)), positions)
-        k = self.rope(self.k_norm(k.view(t, self.num_kv_heads, self.head_dim)), positions)
+        q = apply_rope(self.q_norm(q.view(t, self.num_heads, self.head_dim)), rotation)
+        k = apply_rope(self.k_norm(k.view(t, self.num_kv_heads, self.head_dim)), rotation)
         v = v.view(t, self.num_kv_heads, self.head_dim)
         self.backend.store_kv(k, v, *kv_cache, meta.slot_mapping)
         out = self.backend.paged_attention(q, k, v, *kv_cache, meta, self.scale)
@@ -96,19 +101,18 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: Qwen3Config, rope: RotaryEmbedding, backend: AttentionBackend
-                 ) -> None:
+    def __init__(self, cfg: Qwen3Config, backend: AttentionBackend) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, rope, backend)
+        self.self_attn = Attention(cfg, backend)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
     def forward(
-        self, h: torch.Tensor, positions: torch.Tensor, meta: Any,
+        self, h: torch.Tensor, rotation: Rotation, meta: Any,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), positions, meta, kv_cache)
+        h = h + self.self_attn(self.input_layernorm(h), rotation, meta, kv_cache)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -117,9 +121,9 @@ class Qwen3ForCausalLM(nn.Module):
                  attention: AttentionBackend = TORCH_BACKEND) -> None:
         super().__init__()
         self.config = cfg
-        rope = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, max_positions)
+        self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, max_positions)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, rope, attention)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, attention)
                                     for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
@@ -131,8 +135,9 @@ class Qwen3ForCausalLM(nn.Module):
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
     ) -> torch.Tensor:
         h = self.embed_tokens(input_ids)
+        rotation = self.rope.table(positions, h.dtype)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            h = layer(h, positions, meta, kv_cache)
+            h = layer(h, rotation, meta, kv_cache)
         return h
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
