@@ -63,7 +63,9 @@ class AttentionMetadata:
     prefills: tuple[PrefillChunk, ...]
     num_prefill_tokens: int
     decode_block_tables: torch.Tensor | None  # [B, max_blocks] int64, padded with block 0
-    decode_mask: torch.Tensor | None  # [B, 1, 1, max_blocks * block_size] bool, True = attend
+    #: [B, 1, 1, max_blocks * block_size]: 0 where a decode attends, -inf past its context.
+    #: Additive and built once per step, so no layer converts a boolean mask again.
+    decode_bias: torch.Tensor | None
 
 
 def build_metadata(step: StepAttention, device: torch.device, num_kv_heads: int = 1
@@ -73,20 +75,21 @@ def build_metadata(step: StepAttention, device: torch.device, num_kv_heads: int 
                      block_table=torch.tensor(c.block_table, dtype=torch.long, device=device))
         for c in step.prefills
     )
-    decode_tables = decode_mask = None
+    decode_tables = decode_bias = None
     if step.decodes:
         width = max(len(c.block_table) for c in step.decodes)
         tables = [c.block_table + [0] * (width - len(c.block_table)) for c in step.decodes]
         decode_tables = torch.tensor(tables, dtype=torch.long, device=device)
         ctx = torch.tensor([c.context_len for c in step.decodes], device=device)
         positions = torch.arange(width * step.block_size, device=device)
-        decode_mask = (positions[None, :] < ctx[:, None])[:, None, None, :]
+        past = (positions[None, :] >= ctx[:, None])[:, None, None, :]
+        decode_bias = torch.zeros(past.shape, device=device).masked_fill_(past, float("-inf"))
     return AttentionMetadata(
         slot_mapping=torch.tensor(step.slots, dtype=torch.long, device=device),
         prefills=chunks,
         num_prefill_tokens=step.num_prefill_tokens,
         decode_block_tables=decode_tables,
-        decode_mask=decode_mask,
+        decode_bias=decode_bias,
     )
 
 
@@ -130,14 +133,22 @@ def paged_attention(
         out[s : s + n] = o.squeeze(0).transpose(0, 1)
     if meta.decode_block_tables is not None:
         s = meta.num_prefill_tokens
-        qd = q[s:].unsqueeze(2)  # [B, H_q, 1, D]
-        kd = _gather(k_cache, meta.decode_block_tables).transpose(1, 2)  # [B, H_kv, L, D]
-        vd = _gather(v_cache, meta.decode_block_tables).transpose(1, 2)
-        o = F.scaled_dot_product_attention(
-            qd, kd, vd, attn_mask=meta.decode_mask, scale=scale, enable_gqa=True
-        )
-        out[s:] = o.squeeze(2)
+        tables = meta.decode_block_tables
+        b, h_kv = tables.shape[0], k_cache.shape[2]
+        # GQA without copies: the query heads sharing a KV head are that head's "query rows".
+        qd = q[s:].view(b, h_kv, q.shape[1] // h_kv, q.shape[2])  # [B, H_kv, G, D]
+        kd = _gather_flat(k_cache, tables).transpose(1, 2)  # [B, H_kv, L, D]
+        vd = _gather_flat(v_cache, tables).transpose(1, 2)
+        o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_bias, scale=scale)
+        out[s:] = o.reshape(b, q.shape[1], q.shape[2])
     return out
+
+
+def _gather_flat(cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+    """[B, W] block tables -> [B, W * block_size, H_kv, D]; index_select beats fancy indexing."""
+    b, w = tables.shape
+    return torch.index_select(cache, 0, tables.flatten()).view(b, w * cache.shape[1],
+                                                               *cache.shape[2:])
 
 
 @attrs.frozen
