@@ -11,7 +11,14 @@ from pathlib import Path
 import attrs
 import trio
 
-from izh_trio.frontend.settings import Settings
+from izh_trio.frontend.settings import Settings, parse_lora_module
+
+
+def _lora_module(text: str) -> tuple[str, str]:
+    try:
+        return parse_lora_module(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
@@ -57,6 +64,15 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-stream-buffer-tokens", type=int, default=d.max_stream_buffer_tokens)
     p.add_argument("--max-engine-restarts", type=int, default=d.max_engine_restarts)
     p.add_argument("--startup-timeout", type=float, default=d.startup_timeout)
+    p.add_argument("--lora-modules", nargs="+", type=_lora_module, default=[],
+                   metavar="NAME=PATH",
+                   help="PEFT LoRA adapters to serve; a request picks one by model or lora")
+    p.add_argument("--max-loras", type=int, default=None,
+                   help="adapters resident at once (default: all loaded at start, at most 8)")
+    p.add_argument("--max-lora-rank", type=int, default=None,
+                   help="LoRA slot rank (default: the largest rank loaded at start)")
+    p.add_argument("--enable-lora-runtime-updates", action="store_true",
+                   help="serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter")
     p.add_argument("--log-level", default="INFO")
 
 

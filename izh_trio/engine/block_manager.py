@@ -2,10 +2,10 @@
 
 Plain Python, no torch: the scheduler's invariants are tested without a model.
 
-A full block is named by a hash chain, ``sha256(parent || salt || token ids)``, so two
-sequences share a block only when every token before it is equal too (and their cache salts
-match). Freed blocks keep their hash and stay reusable until they are evicted, least recently
-freed first.
+A full block is named by a hash chain, ``sha256(parent || salt || adapter || token ids)``,
+so two sequences share a block only when every token before it is equal too (and their cache
+salts and LoRA adapters match: the first block carries both, the rest inherit them). Freed
+blocks keep their hash and stay reusable until they are evicted, least recently freed first.
 """
 
 from __future__ import annotations
@@ -27,12 +27,16 @@ class Block:
     hash: bytes | None = None
 
 
-def chain_hash(parent: bytes | None, token_ids: list[int], salt: str | None) -> bytes:
+def chain_hash(parent: bytes | None, token_ids: list[int], salt: str | None,
+               lora_id: int | None = None) -> bytes:
     h = hashlib.sha256(parent or b"\0" * 32)
     if parent is None and salt is not None:
         # Length-prefixed, so that even the empty salt differs from no salt.
         data = salt.encode()
         h.update(len(data).to_bytes(8, "little") + data)
+    if parent is None and lora_id is not None:
+        # Tagged: read as a salt length, b"lora..." would be gigabytes, so no salt collides.
+        h.update(b"lora" + lora_id.to_bytes(8, "little"))
     h.update(array("q", token_ids).tobytes())
     return h.digest()
 
@@ -74,7 +78,8 @@ class BlockManager:
         while len(hashes) < num_full_blocks:
             i = len(hashes)
             parent = hashes[-1] if hashes else None
-            hashes.append(chain_hash(parent, seq.token_ids[i * bs : (i + 1) * bs], seq.cache_salt))
+            hashes.append(chain_hash(parent, seq.token_ids[i * bs : (i + 1) * bs], seq.cache_salt,
+                                     seq.lora_id))
         return hashes
 
     def take_cached_prefix(self, seq: Sequence) -> int:

@@ -10,6 +10,7 @@ import torch
 from izh_trio.engine.block_manager import BlockManager
 from izh_trio.engine.guided import GuidedDecoding
 from izh_trio.engine.logprobs import token_logprobs
+from izh_trio.engine.lora.adapter import LoraError
 from izh_trio.engine.model_runner import ModelRunner
 from izh_trio.engine.sampler import Sampler
 from izh_trio.engine.scheduler import Scheduler, SchedulerConfig
@@ -18,11 +19,14 @@ from izh_trio.wire import (
     AddRequest,
     EngineConfig,
     FinishReason,
+    LoadLora,
+    LoraUpdated,
     ModelInfo,
     Ready,
     RequestFailed,
     RequestOutput,
     Stats,
+    UnloadLora,
 )
 
 
@@ -44,7 +48,9 @@ class EngineCore:
                 max_model_len=self.max_model_len,
             ),
             self.block_manager,
+            self.runner.lora.slots if self.runner.lora is not None else None,
         )
+        self._lora_of: dict[str, int] = {}  # request id -> the adapter it holds
         cfg = self.runner.model_config
         self.guided = GuidedDecoding(Path(config.model_dir) / "tokenizer.json", cfg.vocab_size,
                                      cfg.eos_token_ids)
@@ -83,6 +89,11 @@ class EngineCore:
         stop = set(req.params.stop_token_ids)
         if not req.params.ignore_eos:
             stop |= self.eos_token_ids
+        lora_id = None
+        if req.lora_name is not None:
+            lora_id = self.runner.lora.lookup(req.lora_name)
+            self.runner.lora.retain(lora_id)
+            self._lora_of[req.request_id] = lora_id
         self.scheduler.add(Sequence(
             request_id=req.request_id,
             token_ids=list(req.prompt_token_ids),
@@ -90,6 +101,7 @@ class EngineCore:
             stop_token_ids=frozenset(stop),
             priority=req.priority,
             cache_salt=req.cache_salt,
+            lora_id=lora_id,
         ))
         return None
 
@@ -105,7 +117,26 @@ class EngineCore:
         if n + req.params.max_tokens > self.max_model_len:
             return (f"this model's maximum context length is {self.max_model_len} tokens; "
                     f"the request asks for {n} prompt + {req.params.max_tokens} output tokens")
+        lora = self.runner.lora
+        if req.lora_name is not None and (lora is None or lora.lookup(req.lora_name) is None):
+            return f"LoRA adapter {req.lora_name!r} is not loaded"
         return None
+
+    def update_lora(self, op: LoadLora | UnloadLora) -> LoraUpdated:
+        """Load or unload an adapter between steps; a failure changes nothing."""
+        lora = self.runner.lora
+        if lora is None or not self.config.lora_runtime_updates:
+            return LoraUpdated(op.op_id, "LoRA runtime updates are not enabled")
+        try:
+            if isinstance(op, LoadLora):
+                lora.load(op.name, op.path)
+            else:
+                lora.unload(op.name)
+        except LoraError as exc:
+            return LoraUpdated(op.op_id, str(exc))
+        except Exception as exc:  # an unexpected file problem fails the update, not the core
+            return LoraUpdated(op.op_id, f"LoRA adapter {op.name!r}: {exc!r}")
+        return LoraUpdated(op.op_id)
 
     def abort(self, request_ids: tuple[str, ...]) -> None:
         for rid in request_ids:
@@ -115,6 +146,9 @@ class EngineCore:
     def _forget(self, request_id: str) -> None:
         self.sampler.forget(request_id)
         self.guided.forget(request_id)
+        lora_id = self._lora_of.pop(request_id, None)
+        if lora_id is not None:
+            self.runner.lora.release(lora_id)
 
     def step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule()

@@ -3,6 +3,8 @@
 On CUDA the runner also sizes the KV cache from free GPU memory (``gpu_memory_utilization``,
 after a profiling forward pass at the step-token budget measures activation memory) and, with
 the triton attention backend, captures CUDA graphs for pure-decode steps (``cuda_graphs.py``).
+With LoRA adapters it also holds their slot tensors (``lora/``), allocated before the KV cache
+is sized; a step in which any token runs with an adapter runs eagerly, never as a graph.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import torch
 
 from izh_trio.engine.attention import ChunkSpec, StepAttention, get_backend
 from izh_trio.engine.loader import Qwen3Config, iter_safetensors, resolve_dtype
+from izh_trio.engine.lora.manager import LoraManager, lora_enabled
+from izh_trio.engine.lora.weights import LoraStep
 from izh_trio.engine.models.qwen3 import Qwen3ForCausalLM
 from izh_trio.engine.scheduler import ScheduledSeq
 from izh_trio.engine.sequence import Sequence
@@ -35,6 +39,8 @@ class _StepInputs:
     sampling: list[ScheduledSeq]
     #: (seq, first row, rows) whose logits score the prompt's own next tokens
     prompt_rows: list[tuple[Sequence, int, int]]
+    #: (LoRA slot, first row, rows) of each sequence that runs with an adapter
+    lora_spans: list[tuple[int, int, int]]
 
 
 class ModelRunner:
@@ -60,6 +66,8 @@ class ModelRunner:
             torch.set_default_dtype(previous)
         self.model.load_weights(iter_safetensors(model_dir))
         self.model.eval()
+        self.lora = (LoraManager(config, cfg, self.dtype, self.device)
+                     if lora_enabled(config) else None)
 
         use_graphs = self._wants_cuda_graphs(config)
         per_block = (2 * cfg.num_hidden_layers * config.block_size * cfg.num_key_value_heads
@@ -169,6 +177,7 @@ class ModelRunner:
         decode_chunks: list[ChunkSpec] = []
         sample_rows: list[int] = []
         prompt_rows: list[tuple[Sequence, int, int]] = []
+        lora_spans: list[tuple[int, int, int]] = []
         for item in prefills + decodes:
             seq, start, n = item.seq, item.seq.num_computed_tokens, item.num_new_tokens
             table = seq.block_table
@@ -180,6 +189,8 @@ class ModelRunner:
             if wants_prompt:
                 prompt_rows.append((seq, len(input_ids),
                                     min(start + n, seq.num_prompt_tokens - 1) - start))
+            if seq.lora_slot is not None:
+                lora_spans.append((seq.lora_slot, len(input_ids), n))
             input_ids += seq.token_ids[start : start + n]
             span = range(start, start + n)
             positions += span
@@ -192,12 +203,15 @@ class ModelRunner:
             attention=StepAttention(slots=slots, prefills=prefill_chunks, decodes=decode_chunks,
                                     block_size=bs),
             sample_rows=sample_rows, sampling=[i for i in order if i.samples],
-            prompt_rows=prompt_rows,
+            prompt_rows=prompt_rows, lora_spans=lora_spans,
         )
 
     def _forward(self, step: _StepInputs) -> torch.Tensor:
         att = step.attention
-        if self.graphs is not None and not att.prefills and self.graphs.can_run(len(att.decodes)):
+        lora = (LoraStep.build(self.lora.weights, step.lora_spans, len(step.input_ids),
+                               self.device) if self.lora is not None else None)
+        if (self.graphs is not None and lora is None and not att.prefills
+                and self.graphs.can_run(len(att.decodes))):
             return self.graphs.run(step.input_ids, step.positions, att.slots,
                                    [c.context_len for c in att.decodes],
                                    [c.block_table for c in att.decodes])
@@ -205,7 +219,7 @@ class ModelRunner:
                                              self.model_config.num_key_value_heads)
         input_ids = torch.tensor(step.input_ids, dtype=torch.long, device=self.device)
         positions = torch.tensor(step.positions, dtype=torch.long, device=self.device)
-        return self.model(input_ids, positions, meta, self.kv_caches)
+        return self.model(input_ids, positions, meta, self.kv_caches, lora)
 
     @torch.inference_mode()
     def execute(self, batch: list[ScheduledSeq]) -> StepLogits:

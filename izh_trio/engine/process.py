@@ -25,10 +25,12 @@ from izh_trio.wire import (
     EngineConfig,
     Fatal,
     FrameDecoder,
+    LoadLora,
     Message,
     ProtocolError,
     Shutdown,
     StepOutputs,
+    UnloadLora,
     encode_frame,
 )
 from izh_trio.wire.codec import converter
@@ -95,6 +97,8 @@ def serve(config: EngineConfig, in_fd: int, out_fd: int) -> int:
                     replies.append(failed)
             elif isinstance(msg, Abort):
                 core.abort(msg.request_ids)
+            elif isinstance(msg, LoadLora | UnloadLora):
+                replies.append(core.update_lora(msg))
             changed = True
         if core.has_work:
             try:

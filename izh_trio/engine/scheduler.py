@@ -5,6 +5,11 @@ One rule covers prefill, chunked prefill and decode: a scheduled sequence comput
 priority order; then waiting ones are admitted while the token budget, ``max_num_seqs`` and the
 free blocks allow. When blocks run out, the lowest-priority running sequence is preempted by
 recompute: its blocks are freed and it rejoins the waiting queue with its output so far.
+
+With LoRA, a running sequence pins its adapter in a slot (``lora/slots.py``); a waiting one is
+admitted only when its adapter is resident or a slot can be had (free, or an unpinned adapter
+evicted). Otherwise admission stops there, as when blocks run out: order is kept and the
+sequence runs once a running one finishes and unpins its adapter.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import bisect
 import attrs
 
 from izh_trio.engine.block_manager import BlockManager
+from izh_trio.engine.lora.slots import LoraSlots
 from izh_trio.engine.sequence import Sequence, SequenceStatus
 from izh_trio.wire import FinishReason
 
@@ -37,9 +43,11 @@ class ScheduledSeq:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager,
+                 loras: LoraSlots | None = None) -> None:
         self.config = config
         self.bm = block_manager
+        self.loras = loras
         self.waiting: list[Sequence] = []  # sorted by sort_key
         self.running: list[Sequence] = []  # sorted by sort_key at each step
         self.by_id: dict[str, Sequence] = {}
@@ -65,7 +73,11 @@ class Scheduler:
         self._retire(seq, reason)
 
     def _retire(self, seq: Sequence, reason: FinishReason) -> None:
-        (self.running if seq.status is SequenceStatus.RUNNING else self.waiting).remove(seq)
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+            self._unpin(seq)
+        else:
+            self.waiting.remove(seq)
         self.bm.free(seq)
         seq.finish(reason)
         del self.by_id[seq.request_id]
@@ -94,6 +106,9 @@ class Scheduler:
 
         while self.waiting and budget > 0:
             seq = self.waiting[0]
+            if seq.lora_id is not None and not (self.loras and
+                                                self.loras.can_acquire(seq.lora_id)):
+                break  # every slot's adapter is in use: wait for a running sequence to end
             if len(self.running) >= self.config.max_num_seqs:
                 if not self._outranks_worst(seq):
                     break
@@ -109,6 +124,8 @@ class Scheduler:
                 self.bm.free(seq)  # give back the prefix hits it took
                 break
             self.waiting.pop(0)
+            if seq.lora_id is not None:
+                seq.lora_slot = self.loras.acquire(seq.lora_id)
             if not seq.num_output_tokens:
                 # Prompt tokens served from the cache. Not after a preemption: the hits then
                 # include the sequence's own output, and the count was already reported.
@@ -144,10 +161,16 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
+        self._unpin(seq)
         self.bm.free(seq)
         seq.transition(SequenceStatus.WAITING)
         bisect.insort(self.waiting, seq, key=lambda s: s.sort_key)
         self.num_preemptions += 1
+
+    def _unpin(self, seq: Sequence) -> None:
+        if seq.lora_slot is not None:
+            self.loras.release(seq.lora_id)
+            seq.lora_slot = None
 
     # ------------------------------------------------------------------ after the step
     def advance(self, item: ScheduledSeq, token: int | None) -> FinishReason | None:

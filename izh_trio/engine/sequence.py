@@ -34,6 +34,8 @@ class Sequence:
     priority: int = 0
     arrival: int = 0  # tie-break within a priority: first come, first served
     cache_salt: str | None = None
+    #: The LoRA adapter's load id (see ``lora/manager.py``); None: the base model.
+    lora_id: int | None = None
     num_prompt_tokens: int = attrs.field(init=False)
     status: SequenceStatus = attrs.field(init=False, default=SequenceStatus.WAITING)
     #: Tokens whose K/V is in the cache; the next step computes from here.
@@ -52,6 +54,8 @@ class Sequence:
     stop_token_id: int | None = attrs.field(init=False, default=None)
     #: Prompt logprobs gathered chunk by chunk, sent with the first token.
     prompt_logprobs: list = attrs.field(init=False, factory=list)
+    #: The LoRA slot its adapter occupies, set while it runs (the scheduler pins it).
+    lora_slot: int | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
         self.num_prompt_tokens = len(self.token_ids)

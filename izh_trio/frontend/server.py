@@ -52,6 +52,9 @@ class Server:
         self.limiter = RateLimiter(settings.rate_limit_tokens_per_minute)
         self.api_keys = settings.all_api_keys()
         self.generations: set[Generation] = set()
+        #: LoRA adapters served now, name -> path as given; runtime updates change it.
+        self.loras: dict[str, str] = dict(settings.lora_modules)
+        self.lora_lock = trio.Lock()  # one runtime update at a time
         self.engine_restarts = 0
         self._supervisor_done = trio.Event()
 
@@ -60,6 +63,8 @@ class Server:
         self.state = ServerState.STARTING
         self.model_dir = await trio.to_thread.run_sync(self.settings.resolve_model_dir)
         self.model_name = self.settings.model_name(self.model_dir)
+        if self.model_name in self.loras:
+            raise ValueError(f"LoRA adapter name {self.model_name!r} is the served model's name")
         self.tokenizer = await trio.to_thread.run_sync(ModelTokenizer, self.model_dir)
         await nursery.start(self._supervise)
         self.state = ServerState.SERVING
@@ -68,11 +73,12 @@ class Server:
 
     async def _supervise(self, *, task_status: trio.TaskStatus[None]) -> None:
         """Run the core; respawn it with backoff when it dies, up to ``max_engine_restarts``."""
-        config = self.settings.engine_config(self.model_dir)
         started = False
         failures = 0
         try:
             while True:
+                # The adapters loaded now: a respawned core keeps the runtime-loaded ones.
+                config = self.settings.engine_config(self.model_dir, tuple(self.loras.items()))
                 client = EngineClient(config, startup_timeout=self.settings.startup_timeout,
                                       max_buffered_tokens=self.settings.max_stream_buffer_tokens)
                 self.client = client

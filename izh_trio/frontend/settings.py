@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 import attrs
@@ -17,6 +18,36 @@ def _opt_int(value: str | None) -> int | None:
 
 def _opt_float(value: str | None) -> float | None:
     return None if value in (None, "") else float(value)
+
+
+def _opt_bool(value: str | None) -> bool | None:
+    if value in (None, ""):
+        return None
+    if value.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        raise ValueError(f"not a boolean: {value!r}")
+    return value.lower() in ("1", "true", "yes", "on")
+
+
+def parse_lora_module(spec: str | tuple[str, str] | list[str]) -> tuple[str, str]:
+    """``NAME=PATH`` (or a pair already) as ``(name, path)``."""
+    if isinstance(spec, str):
+        name, sep, path = spec.partition("=")
+        if not sep:
+            raise ValueError(f"LoRA module {spec!r} is not NAME=PATH")
+    else:
+        name, path = spec
+    name, path = name.strip(), path.strip()
+    if not name or not path:
+        raise ValueError(f"LoRA module {spec!r} needs a name and a path (NAME=PATH)")
+    return name, path
+
+
+def _lora_modules(specs: Iterable[str | tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    pairs = tuple(parse_lora_module(s) for s in specs)
+    names = [name for name, _ in pairs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"LoRA module names must be unique: {names}")
+    return pairs
 
 
 @attrs.frozen
@@ -64,6 +95,14 @@ class Settings:
     #: Consecutive engine-core failures after which the server stops respawning it.
     max_engine_restarts: int = attrs.field(default=5, validator=v.ge(0))
     startup_timeout: float = attrs.field(default=600.0, validator=v.gt(0))
+    #: LoRA adapters (PEFT directories) served beside the base model, as (name, path).
+    lora_modules: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_lora_modules)
+    #: Adapters resident in the engine at once (None: all loaded at start, at most 8).
+    max_loras: int | None = attrs.field(default=None, validator=v.optional(v.ge(1)))
+    #: The engine's LoRA slot rank (None: the largest rank loaded at start).
+    max_lora_rank: int | None = attrs.field(default=None, validator=v.optional(v.ge(1)))
+    #: Serve ``POST /v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` (else 404).
+    enable_lora_runtime_updates: bool = False
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -101,6 +140,11 @@ class Settings:
             "max_stream_buffer_tokens": _opt_int(get("MAX_STREAM_BUFFER_TOKENS")),
             "max_engine_restarts": _opt_int(get("MAX_ENGINE_RESTARTS")),
             "startup_timeout": _opt_float(get("STARTUP_TIMEOUT")),
+            "lora_modules": tuple(s for s in (get("LORA_MODULES") or "").split(",")
+                                  if s.strip()) or None,
+            "max_loras": _opt_int(get("MAX_LORAS")),
+            "max_lora_rank": _opt_int(get("MAX_LORA_RANK")),
+            "enable_lora_runtime_updates": _opt_bool(get("ENABLE_LORA_RUNTIME_UPDATES")),
         }
         return cls(**{k: val for k, val in fields.items() if val is not None})
 
@@ -123,7 +167,10 @@ class Settings:
     def model_name(self, model_dir: Path) -> str:
         return self.served_model_name or model_dir.resolve().name
 
-    def engine_config(self, model_dir: Path) -> EngineConfig:
+    def engine_config(self, model_dir: Path,
+                      lora_modules: tuple[tuple[str, str], ...] | None = None) -> EngineConfig:
+        """``lora_modules``: the adapters loaded now (runtime updates change them)."""
+        loras = self.lora_modules if lora_modules is None else lora_modules
         return EngineConfig(
             model_dir=str(model_dir),
             max_model_len=self.max_model_len,
@@ -139,4 +186,8 @@ class Settings:
             gpu_memory_utilization=self.gpu_memory_utilization,
             seed=self.seed,
             num_threads=self.engine_threads,
+            lora_modules=tuple((name, str(Path(path).resolve())) for name, path in loras),
+            max_loras=self.max_loras,
+            max_lora_rank=self.max_lora_rank,
+            lora_runtime_updates=self.enable_lora_runtime_updates,
         )

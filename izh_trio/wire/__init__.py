@@ -8,6 +8,8 @@ from izh_trio.wire.messages import (
     Fatal,
     FinishReason,
     FromCore,
+    LoadLora,
+    LoraUpdated,
     Message,
     ModelInfo,
     Ready,
@@ -18,6 +20,7 @@ from izh_trio.wire.messages import (
     StepOutputs,
     ToCore,
     TokenLogprobs,
+    UnloadLora,
 )
 from izh_trio.wire.sampling import SamplingParams
 
@@ -29,6 +32,8 @@ __all__ = [
     "FinishReason",
     "FrameDecoder",
     "FromCore",
+    "LoadLora",
+    "LoraUpdated",
     "Message",
     "ModelInfo",
     "ProtocolError",
@@ -41,5 +46,6 @@ __all__ = [
     "StepOutputs",
     "ToCore",
     "TokenLogprobs",
+    "UnloadLora",
     "encode_frame",
 ]

@@ -35,6 +35,9 @@ _TAGGED: tuple[type, ...] = (
     m.RequestFailed,
     m.Stats,
     m.Fatal,
+    m.LoadLora,
+    m.UnloadLora,
+    m.LoraUpdated,
 )
 _TAG_OF = {cls: tag for tag, cls in enumerate(_TAGGED)}
 

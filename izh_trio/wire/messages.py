@@ -48,6 +48,24 @@ class EngineConfig:
     #: KV cache sized to fill the rest (unless ``num_kv_blocks`` is given). ``kv_cache_bytes``
     #: sizes the cache only on the CPU.
     gpu_memory_utilization: float = attrs.field(default=0.9, validator=[v.gt(0.0), v.le(1.0)])
+    #: LoRA adapters loaded at start: (name, PEFT adapter directory) pairs, names unique.
+    lora_modules: tuple[tuple[str, str], ...] = attrs.field(
+        default=(), converter=lambda pairs: tuple(tuple(p) for p in pairs),
+        validator=lambda _i, _a, pairs: _unique_names(pairs),
+    )
+    #: Adapters resident in the model's LoRA slots at once; None: one per adapter loaded at
+    #: start (8 at most), or 8 with runtime updates. More are swapped in, least recently used.
+    max_loras: int | None = attrs.field(default=None, validator=v.optional(v.ge(1)))
+    #: The slots' rank; None: the largest rank loaded at start (16 at least with updates).
+    max_lora_rank: int | None = attrs.field(default=None, validator=v.optional(v.ge(1)))
+    #: Accept ``LoadLora`` / ``UnloadLora`` while serving.
+    lora_runtime_updates: bool = False
+
+
+def _unique_names(pairs: tuple[tuple[str, str], ...]) -> None:
+    names = [p[0] for p in pairs]
+    if any(len(p) != 2 or not p[0] for p in pairs) or len(set(names)) != len(names):
+        raise ValueError(f"lora_modules must be (name, path) pairs with unique names: {pairs}")
 
 
 # ---------------------------------------------------------------- frontend -> core
@@ -62,6 +80,8 @@ class AddRequest:
     priority: int = 0
     #: Mixed into the prefix-cache hash chain: requests with different salts never share blocks.
     cache_salt: str | None = None
+    #: The LoRA adapter to run this request with (a loaded adapter's name); None: the base.
+    lora_name: str | None = None
 
 
 @attrs.frozen
@@ -72,6 +92,23 @@ class Abort:
 @attrs.frozen
 class Shutdown:
     pass
+
+
+@attrs.frozen
+class LoadLora:
+    """Load (or replace) LoRA adapter ``name`` from ``path``; answered by ``LoraUpdated``."""
+
+    op_id: str
+    name: str
+    path: str
+
+
+@attrs.frozen
+class UnloadLora:
+    """Unload adapter ``name``: new requests can't use it; running ones finish with it."""
+
+    op_id: str
+    name: str
 
 
 # ---------------------------------------------------------------- core -> frontend
@@ -159,12 +196,20 @@ class Stats:
 
 
 @attrs.frozen
+class LoraUpdated:
+    """The answer to ``LoadLora`` / ``UnloadLora``: ``error`` is None when it was done."""
+
+    op_id: str
+    error: str | None = None
+
+
+@attrs.frozen
 class Fatal:
     """The core's state can no longer be trusted; it exits after sending this."""
 
     message: str
 
 
-ToCore = AddRequest | Abort | Shutdown
-FromCore = Ready | StepOutputs | RequestFailed | Stats | Fatal
+ToCore = AddRequest | Abort | Shutdown | LoadLora | UnloadLora
+FromCore = Ready | StepOutputs | RequestFailed | Stats | Fatal | LoraUpdated
 Message = ToCore | FromCore

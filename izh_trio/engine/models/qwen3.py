@@ -8,7 +8,7 @@ Hugging Face's implementation step for step so that fp32 logits agree to roundin
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +16,9 @@ from torch import nn
 
 from izh_trio.engine.attention import TORCH_BACKEND, AttentionBackend
 from izh_trio.engine.loader import CheckpointError, Qwen3Config
+
+if TYPE_CHECKING:
+    from izh_trio.engine.lora.weights import LoraStep
 
 
 class RMSNorm(nn.Module):
@@ -60,9 +63,10 @@ def apply_rope(x: torch.Tensor, rotation: Rotation) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: Qwen3Config, backend: AttentionBackend) -> None:
+    def __init__(self, cfg: Qwen3Config, backend: AttentionBackend, layer_idx: int = 0) -> None:
         super().__init__()
         self.backend = backend
+        self.layer_idx = layer_idx
         self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = cfg.head_dim
         self.q_size = self.num_heads * self.head_dim
@@ -77,43 +81,54 @@ class Attention(nn.Module):
 
     def forward(
         self, x: torch.Tensor, rotation: Rotation, meta: Any,  # the backend's metadata
-        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        kv_cache: tuple[torch.Tensor, torch.Tensor], lora: LoraStep | None = None,
     ) -> torch.Tensor:
         t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        qkv = self.qkv_proj(x)
+        if lora is not None:
+            lora.add(self.layer_idx, "qkv_proj", x, qkv)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = apply_rope(self.q_norm(q.view(t, self.num_heads, self.head_dim)), rotation)
         k = apply_rope(self.k_norm(k.view(t, self.num_kv_heads, self.head_dim)), rotation)
         v = v.view(t, self.num_kv_heads, self.head_dim)
         self.backend.store_kv(k, v, *kv_cache, meta.slot_mapping)
         out = self.backend.paged_attention(q, k, v, *kv_cache, meta, self.scale)
-        return self.o_proj(out.reshape(t, self.q_size))
+        out = out.reshape(t, self.q_size)
+        if lora is None:
+            return self.o_proj(out)
+        return lora.add(self.layer_idx, "o_proj", out, self.o_proj(out))
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: Qwen3Config) -> None:
+    def __init__(self, cfg: Qwen3Config, layer_idx: int = 0) -> None:
         super().__init__()
+        self.layer_idx = layer_idx
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+    def forward(self, x: torch.Tensor, lora: LoraStep | None = None) -> torch.Tensor:
+        if lora is None:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
+        gate, up = lora.add(self.layer_idx, "gate_up_proj", x, self.gate_up_proj(x)).chunk(2, -1)
+        act = F.silu(gate) * up
+        return lora.add(self.layer_idx, "down_proj", act, self.down_proj(act))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: Qwen3Config, backend: AttentionBackend) -> None:
+    def __init__(self, cfg: Qwen3Config, backend: AttentionBackend, layer_idx: int = 0) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, backend)
+        self.self_attn = Attention(cfg, backend, layer_idx)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, layer_idx)
 
     def forward(
         self, h: torch.Tensor, rotation: Rotation, meta: Any,
-        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        kv_cache: tuple[torch.Tensor, torch.Tensor], lora: LoraStep | None = None,
     ) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), rotation, meta, kv_cache)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        h = h + self.self_attn(self.input_layernorm(h), rotation, meta, kv_cache, lora)
+        return h + self.mlp(self.post_attention_layernorm(h), lora)
 
 
 class Qwen3ForCausalLM(nn.Module):
@@ -123,8 +138,8 @@ class Qwen3ForCausalLM(nn.Module):
         self.config = cfg
         self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, max_positions)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, attention)
-                                    for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, attention, i)
+                                    for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
@@ -132,12 +147,13 @@ class Qwen3ForCausalLM(nn.Module):
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: Any,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]], lora: LoraStep | None = None,
     ) -> torch.Tensor:
+        """``lora``: this step's tokens grouped by adapter; None when no token has one."""
         h = self.embed_tokens(input_ids)
         rotation = self.rope.table(positions, h.dtype)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            h = layer(h, rotation, meta, kv_cache)
+            h = layer(h, rotation, meta, kv_cache, lora)
         return h
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
