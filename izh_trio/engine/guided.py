@@ -4,6 +4,11 @@ Every step, one batched call computes the allowed-token bitmask of every constra
 (llguidance's executor spreads the rows over threads); disallowed logits become -inf before
 any other processing, so greedy and sampled rows alike can only pick grammar-valid tokens.
 When a grammar is complete, the request stops, even if no eos token follows.
+
+A grammar bounds what an output may be, not how long it runs: a free-form JSON string can
+outlast ``max_tokens``. For requests whose whole output is JSON, the last tokens are steered
+(still inside the grammar's mask) along the shortest completion of what was written, so the
+output closes within budget whenever the grammar allows that completion.
 """
 
 from __future__ import annotations
@@ -14,9 +19,12 @@ import llguidance
 import torch
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask_par
 
+from izh_trio.engine.json_closer import json_completion
 from izh_trio.engine.sequence import Sequence
 
 _BITS = torch.arange(32, dtype=torch.int32)
+#: Tokens before max_tokens from which a JSON output's completion is checked each step.
+_CLOSE_WINDOW = 64
 
 
 class GuidedDecoding:
@@ -28,6 +36,7 @@ class GuidedDecoding:
         self._tokenizer: llguidance.LLTokenizer | None = None
         self._executor = llguidance.LLExecutor()
         self._matchers: dict[str, llguidance.LLMatcher] = {}
+        self._token_of_bytes: dict[bytes, int] | None = None
 
     @property
     def tokenizer(self) -> llguidance.LLTokenizer:
@@ -68,10 +77,47 @@ class GuidedDecoding:
         bits = torch.from_numpy(bitmask)  # [R, ceil(V / 32)] int32, bit k of word w = id 32w+k
         allowed = ((bits[:, :, None] >> _BITS) & 1).bool().flatten(1)[:, : logits.shape[-1]]
         allowed = allowed.to(logits.device)
+        for j, i in enumerate(rows):
+            forced = self._closing_token(seqs[i], allowed[j])
+            if forced is not None:
+                allowed[j] = False
+                allowed[j, forced] = True
         out = logits.clone()
         index = torch.tensor(rows, device=logits.device)
         out[index] = out[index].masked_fill(~allowed, float("-inf"))
         return out
+
+    def _closing_token(self, seq: Sequence, allowed: torch.Tensor) -> int | None:
+        """In a JSON output's last tokens: the allowed token that best heads for its close."""
+        params = seq.params
+        left = params.max_tokens - seq.num_output_tokens
+        if not params.json_output or left > _CLOSE_WINDOW:
+            return None
+        text = self.tokenizer.decode_str(seq.output_token_ids)
+        completion = json_completion(text)
+        if completion is None or left > len(completion) + 1:
+            return None  # unreadable, or enough budget left to end freely
+        if not completion:
+            eos = [t for t in self._eos if bool(allowed[t])]
+            return eos[0] if eos else None
+        table = self._bytes_table()
+        wanted = completion.encode()
+        for k in range(len(wanted), 0, -1):  # the longest allowed token along the completion
+            token = table.get(wanted[:k])
+            if token is not None and bool(allowed[token]):
+                return token
+        return None
+
+    def _bytes_table(self) -> dict[bytes, int]:
+        if self._token_of_bytes is None:
+            table: dict[bytes, int] = {}
+            tok = self.tokenizer
+            for token in range(tok.vocab_size):
+                raw = tok.decode_bytes([token])
+                if raw and not raw.startswith(b"\xff"):  # 0xff marks special tokens
+                    table.setdefault(raw, token)
+            self._token_of_bytes = table
+        return self._token_of_bytes
 
     def accept(self, request_id: str, token: int) -> bool:
         """Advance the request's matcher; True once its grammar is complete."""

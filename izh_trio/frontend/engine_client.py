@@ -31,6 +31,8 @@ from izh_trio.wire import (
     EngineConfig,
     Fatal,
     FrameDecoder,
+    LoadLora,
+    LoraUpdated,
     ProtocolError,
     Ready,
     RequestFailed,
@@ -39,6 +41,7 @@ from izh_trio.wire import (
     Stats,
     StepOutputs,
     ToCore,
+    UnloadLora,
     encode_frame,
 )
 from izh_trio.wire.codec import converter
@@ -84,6 +87,8 @@ class EngineClient:
         self.stats: Stats | None = None
         self.failure: str | None = None
         self._streams: dict[str, RequestStream] = {}
+        #: LoRA updates awaiting the core's answer: op id -> (done, [its error, or None]).
+        self._lora_ops: dict[str, tuple[trio.Event, list[str | EngineUnavailable | None]]] = {}
         self._to_core_send, self._to_core_recv = trio.open_memory_channel[ToCore](math.inf)
         self._started = trio.Event()
         self._process: trio.Process | None = None
@@ -163,6 +168,9 @@ class EngineClient:
     def _fail_streams(self, message: str) -> None:
         for stream in self._streams.values():
             stream.fail(message)
+        for done, result in self._lora_ops.values():
+            result.append(EngineUnavailable(message))
+            done.set()
 
     @property
     def healthy(self) -> bool:
@@ -233,6 +241,11 @@ class EngineClient:
             if self.state is ClientState.STARTING:
                 self.state = ClientState.READY
             self._started.set()
+        elif isinstance(msg, LoraUpdated):
+            op = self._lora_ops.get(msg.op_id)
+            if op is not None:
+                op[1].append(msg.error)
+                op[0].set()
         elif isinstance(msg, Fatal):
             self._fail(msg.message)
         else:
@@ -248,13 +261,14 @@ class EngineClient:
         *,
         priority: int = 0,
         cache_salt: str | None = None,
+        lora_name: str | None = None,
         notifier: Notifier | None = None,
     ) -> AsyncIterator[RequestStream]:
         if self.state is not ClientState.READY:
             raise EngineUnavailable(self.failure or f"the engine is {self.state.value}")
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in flight")
-        add = AddRequest(request_id, prompt_token_ids, params, priority, cache_salt)
+        add = AddRequest(request_id, prompt_token_ids, params, priority, cache_salt, lora_name)
         try:  # a message that can't be encoded must fail this request, not the pipe
             encode_frame([add])
         except (ProtocolError, ValueError, TypeError, OverflowError) as exc:
@@ -270,6 +284,20 @@ class EngineClient:
             # No await here, and none before it: a cancellation cannot skip the abort.
             del self._streams[request_id]
             stream.abort()
+
+    async def update_lora(self, op: LoadLora | UnloadLora) -> str | None:
+        """Send a LoRA load or unload; the core's error, or None once it is done."""
+        if self.state is not ClientState.READY:
+            raise EngineUnavailable(self.failure or f"the engine is {self.state.value}")
+        done, result = self._lora_ops[op.op_id] = (trio.Event(), [])
+        try:
+            self._queue(op)
+            await done.wait()
+        finally:
+            del self._lora_ops[op.op_id]
+        if isinstance(result[0], EngineUnavailable):
+            raise result[0]
+        return result[0]
 
     async def wait_idle(self, timeout: float) -> Stats | None:
         """Poll until the core reports nothing running and no KV in use (tests, drain)."""

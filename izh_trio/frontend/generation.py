@@ -153,7 +153,7 @@ class Generation:
 @asynccontextmanager
 async def open_generation(
     server: Server, specs: Sequence[ChoiceSpec], *, arrival: float, priority: int = 0,
-    cache_salt: str | None = None, deadline: float = math.inf,
+    cache_salt: str | None = None, deadline: float = math.inf, lora_name: str | None = None,
 ) -> AsyncIterator[Generation]:
     notifier = Notifier()
     base = uuid.uuid4().hex
@@ -163,7 +163,7 @@ async def open_generation(
             try:
                 stream = await stack.enter_async_context(server.client.open_stream(
                     f"{base}-{spec.index}", spec.prompt_ids, spec.params, priority=priority,
-                    cache_salt=cache_salt, notifier=notifier))
+                    cache_salt=cache_salt, lora_name=lora_name, notifier=notifier))
             except EngineUnavailable as exc:
                 raise APIError(503, f"the engine is unavailable: {exc}") from None
             except ValueError as exc:

@@ -148,6 +148,8 @@ class SamplingFields:
     stream_options: StreamOptions | None = None
     priority: int = 0
     cache_salt: str | None = attrs.field(default=None, validator=_opt(v.min_len(1)))
+    #: A LoRA adapter to run with (as ``model`` naming the adapter does).
+    lora: str | None = None
     user: str | None = None
 
 

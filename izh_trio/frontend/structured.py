@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import attrs
 import llguidance
 
 from izh_trio.frontend.errors import APIError
@@ -73,17 +74,27 @@ def tool_call_grammar(tools: list[dict[str, Any]], *, only: str | None, parallel
     return f'{start}\ncall: <tool_call> "\\n" %json {json.dumps(schema)} "\\n" </tool_call>\n'
 
 
-def _one(found: list[tuple[str, str]]) -> tuple[str, str] | None:
+@attrs.frozen
+class Constraint:
+    """A request's output constraint: the grammar, the field it came from, and whether the
+    whole output is one JSON value (then the engine also makes it close within budget)."""
+
+    param: str
+    grammar: str
+    is_json: bool = False
+
+
+def _one(found: list[Constraint]) -> Constraint | None:
     if len(found) > 1:
-        names = ", ".join(p for p, _ in found)
+        names = ", ".join(c.param for c in found)
         raise APIError(400, f"give only one output constraint, not several ({names})",
-                       param=found[1][0])
+                       param=found[1].param)
     return found[0] if found else None
 
 
-def request_grammar(body: dict[str, Any]) -> tuple[str, str] | None:
-    """(param, grammar) from the raw request's constraint fields, or None."""
-    found: list[tuple[str, str]] = []
+def request_constraint(body: dict[str, Any]) -> Constraint | None:
+    """The constraint named by the raw request's fields, or None."""
+    found: list[Constraint] = []
     fmt = body.get("response_format")
     if fmt is not None:
         if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object",
@@ -91,15 +102,15 @@ def request_grammar(body: dict[str, Any]) -> tuple[str, str] | None:
             raise APIError(400, "response_format.type must be 'text', 'json_object' or "
                                 "'json_schema'", param="response_format")
         if fmt["type"] == "json_object":
-            found.append(("response_format", json_schema_grammar({"type": "object"},
-                                                                 "response_format")))
+            found.append(Constraint("response_format", json_schema_grammar(
+                {"type": "object"}, "response_format"), is_json=True))
         elif fmt["type"] == "json_schema":
             spec = fmt.get("json_schema")
             if not isinstance(spec, dict) or "schema" not in spec:
                 raise APIError(400, "response_format.json_schema.schema is required",
                                param="response_format")
-            found.append(("response_format", json_schema_grammar(spec["schema"],
-                                                                 "response_format")))
+            found.append(Constraint("response_format", json_schema_grammar(
+                spec["schema"], "response_format"), is_json=True))
     so = body.get("structured_outputs")
     if so is not None:
         if not isinstance(so, dict):
@@ -109,15 +120,16 @@ def request_grammar(body: dict[str, Any]) -> tuple[str, str] | None:
                   "choice": choice_grammar, "grammar": lark_grammar}
         for key, make in makers.items():
             if so.get(key) is not None:
-                found.append(("structured_outputs", make(so[key], "structured_outputs")))
+                found.append(Constraint("structured_outputs", make(so[key], "structured_outputs"),
+                                        is_json=key == "json"))
         if so.get("json_object"):
-            found.append(("structured_outputs",
-                          json_schema_grammar({"type": "object"}, "structured_outputs")))
+            found.append(Constraint("structured_outputs", json_schema_grammar(
+                {"type": "object"}, "structured_outputs"), is_json=True))
     legacy = {"guided_json": json_schema_grammar, "guided_regex": regex_grammar,
               "guided_choice": choice_grammar, "guided_grammar": lark_grammar}
     for key, make in legacy.items():
         if body.get(key) is not None:
-            found.append((key, make(body[key], key)))
+            found.append(Constraint(key, make(body[key], key), is_json=key == "guided_json"))
     return _one(found)
 
 

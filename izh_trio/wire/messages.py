@@ -54,7 +54,8 @@ class EngineConfig:
         validator=lambda _i, _a, pairs: _unique_names(pairs),
     )
     #: Adapters resident in the model's LoRA slots at once; None: one per adapter loaded at
-    #: start (8 at most), or 8 with runtime updates. More are swapped in, least recently used.
+    #: start (8 at most; never more than those without runtime updates), or 8 with runtime
+    #: updates. More adapters take turns: the least recently used idle one is swapped out.
     max_loras: int | None = attrs.field(default=None, validator=v.optional(v.ge(1)))
     #: The slots' rank; None: the largest rank loaded at start (16 at least with updates).
     max_lora_rank: int | None = attrs.field(default=None, validator=v.optional(v.ge(1)))

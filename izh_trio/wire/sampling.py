@@ -53,6 +53,8 @@ class SamplingParams:
     prompt_logprobs: int | None = attrs.field(default=None, validator=v.optional(v.ge(0)))
     #: Guided decoding: an llguidance grammar (lark, or its JSON form) the output must match.
     grammar: str | None = None
+    #: The whole output is one JSON value: the engine steers it to close within max_tokens.
+    json_output: bool = False
 
     @property
     def penalized(self) -> bool:

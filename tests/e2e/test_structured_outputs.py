@@ -119,20 +119,16 @@ def test_json_schema_outputs_always_validate(client: openai.OpenAI) -> None:
 
 
 def test_json_object_always_parses(client: openai.OpenAI) -> None:
-    def one(seed: int) -> str:
+    """Any object allows free strings that a random model rarely closes: in its last tokens
+    the engine steers the output (inside the grammar) along its shortest completion."""
+
+    def one(seed: int):
         return client.chat.completions.create(
             model=MODEL, messages=MESSAGES, response_format={"type": "json_object"},
-            temperature=1.0, seed=seed, max_tokens=300).choices[0]
+            temperature=1.0, seed=seed, max_tokens=120).choices[0]
 
-    # Any object allows any keys, and a random model rarely closes a free string: an output
-    # may run out of tokens. Those that finish must parse; all must open an object.
-    finished = 0
-    for choice in _many(one, range(6)):
-        assert choice.message.content.startswith("{")
-        if choice.finish_reason == "stop":
-            assert isinstance(json.loads(choice.message.content), dict)
-            finished += 1
-    assert finished
+    for choice in _many(one):
+        assert isinstance(json.loads(choice.message.content), dict), choice.message.content
 
 
 def test_regex_and_choice_always_match(client: openai.OpenAI) -> None:

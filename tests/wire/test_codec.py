@@ -75,6 +75,7 @@ STRATEGIES: dict[type, st.SearchStrategy[Any]] = {
         params=sampling_params,
         priority=int64,
         cache_salt=st.none() | texts,
+        lora_name=st.none() | texts,
     ),
     m.Abort: st.builds(m.Abort, request_ids=st.lists(texts, max_size=4)),
     m.Shutdown: st.builds(m.Shutdown),
@@ -99,6 +100,9 @@ STRATEGIES: dict[type, st.SearchStrategy[Any]] = {
         generation_tokens_total=counts,
     ),
     m.Fatal: st.builds(m.Fatal, message=texts),
+    m.LoadLora: st.builds(m.LoadLora, op_id=texts, name=texts, path=texts),
+    m.UnloadLora: st.builds(m.UnloadLora, op_id=texts, name=texts),
+    m.LoraUpdated: st.builds(m.LoraUpdated, op_id=texts, error=st.none() | texts),
 }
 messages = st.one_of(*STRATEGIES.values())
 
@@ -116,7 +120,8 @@ FULL_PARAMS = SamplingParams(
 
 #: Concrete values of every tagged class, each nested class and optional field filled in.
 EXAMPLES: list[Any] = [
-    m.AddRequest("req-1", (1, 2, 3, 4), FULL_PARAMS, priority=-3, cache_salt="tenant-ä"),
+    m.AddRequest("req-1", (1, 2, 3, 4), FULL_PARAMS, priority=-3, cache_salt="tenant-ä",
+                 lora_name="sql-adapter"),
     m.AddRequest("req-2", [9], SamplingParams()),
     m.Abort(("req-1", "req-2")),
     m.Abort(()),
@@ -150,6 +155,10 @@ EXAMPLES: list[Any] = [
         generation_tokens_total=250,
     ),
     m.Fatal("CUDA error: device-side assert triggered"),
+    m.LoadLora("op-1", "sql-adapter", "/adapters/sql"),
+    m.UnloadLora("op-2", "sql-adapter"),
+    m.LoraUpdated("op-1", "LoRA adapter 'sql-adapter': DoRA (use_dora) is not supported"),
+    m.LoraUpdated("op-2"),
 ]
 
 

@@ -7,7 +7,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import attrs
-import trio
 from quart import Blueprint, Response, current_app, request
 
 from izh_trio.frontend import sse
@@ -26,15 +25,17 @@ from izh_trio.frontend.openai_format import (
 from izh_trio.frontend.routes.common import (
     admit,
     check_salt,
+    checked_constraint,
+    constrained,
     deadline_of,
     json_body,
     request_id,
-    served_model,
+    resolve_model,
     server_of,
 )
 from izh_trio.frontend.schemas import ChatCompletionRequest, parse_body
 from izh_trio.frontend.server import Server
-from izh_trio.frontend.structured import check_grammar, request_grammar, tool_call_grammar
+from izh_trio.frontend.structured import Constraint, tool_call_grammar
 
 bp = Blueprint("chat", __name__)
 
@@ -45,7 +46,7 @@ class ToolPlan:
 
     tools: list[dict[str, Any]] | None  # shown to the template (None for tool_choice "none")
     parse: bool  # look for calls in the output
-    grammar: str | None  # forced calls: "required" or a named function
+    forced: Constraint | None  # forced calls: "required" or a named function
 
 
 def plan_tools(req: ChatCompletionRequest) -> ToolPlan:
@@ -71,21 +72,10 @@ def plan_tools(req: ChatCompletionRequest) -> ToolPlan:
         raise APIError(400, f"tool_choice names {named!r}, which is not among the tools",
                        param="tool_choice")
     forced = named is not None or choice == "required"
-    grammar = (tool_call_grammar(tools, only=named, parallel=req.parallel_tool_calls and
-                                 named is None) if forced else None)
-    return ToolPlan(tools, True, grammar)
-
-
-async def _grammar(server: Server, body: dict[str, Any], plan: ToolPlan) -> str | None:
-    found = request_grammar(body)
-    if found is not None and plan.grammar is not None:
-        raise APIError(400, "a forced tool_choice cannot be combined with another output "
-                            "constraint", param=found[0])
-    param, grammar = found or ("tool_choice", plan.grammar)
-    if grammar is not None:
-        tokenizer = await trio.to_thread.run_sync(lambda: server.tokenizer.ll_tokenizer)
-        check_grammar(grammar, tokenizer, param)
-    return grammar
+    constraint = (Constraint("tool_choice", tool_call_grammar(
+        tools, only=named, parallel=req.parallel_tool_calls and named is None))
+        if forced else None)
+    return ToolPlan(tools, True, constraint)
 
 
 def render_prompt(server: Server, req: ChatCompletionRequest, plan: ToolPlan) -> list[int]:
@@ -106,22 +96,22 @@ async def chat_completions() -> Any:
     server = server_of(current_app)
     body = await json_body(request)
     req = parse_body(ChatCompletionRequest, body)
-    model = served_model(server, req.model)
+    model, lora = resolve_model(server, req.model, req.lora)
     check_salt(req.cache_salt)
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
     plan = plan_tools(req)
-    grammar = await _grammar(server, body, plan)
+    constraint = await checked_constraint(server, body, plan.forced)
     prompt_ids = render_prompt(server, req, plan)
     check_prompt(server, prompt_ids)
     max_tokens = req.max_completion_tokens or req.max_tokens
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     specs = [
         ChoiceSpec(index=i, prompt_ids=prompt_ids,
-                   params=attrs.evolve(sampling_params(server, req, len(prompt_ids),
-                                                       max_tokens=max_tokens,
-                                                       logprobs=logprobs, index=i),
-                                       grammar=grammar),
+                   params=constrained(sampling_params(server, req, len(prompt_ids),
+                                                      max_tokens=max_tokens,
+                                                      logprobs=logprobs, index=i),
+                                      constraint),
                    stop=req.stop, include_stop_str=req.include_stop_str_in_output,
                    skip_special_tokens=req.skip_special_tokens)
         for i in range(req.n)
@@ -134,12 +124,13 @@ async def chat_completions() -> Any:
     text_of = TokenText(server.tokenizer.tokenizer)
     if req.stream:
         stream = _stream(server, req, specs, outs, {**head, "object": "chat.completion.chunk"},
-                         text_of, len(prompt_ids), arrival, deadline)
+                         text_of, len(prompt_ids), arrival, deadline, lora)
         return Response(TicketedBody(stream, ticket), mimetype="text/event-stream",
                         headers=sse.HEADERS)
     with ticket:
         async with open_generation(server, specs, arrival=arrival, priority=req.priority,
-                                   cache_salt=req.cache_salt, deadline=deadline) as gen:
+                                   cache_salt=req.cache_salt, deadline=deadline,
+                                   lora_name=lora) as gen:
             while deltas := await gen.next():
                 for d in deltas:
                     outs[d.index].fold(d)
@@ -204,6 +195,7 @@ def _usage(outs: list[_ChoiceOut], prompt_len: int) -> dict[str, Any]:
 async def _stream(
     server: Server, req: ChatCompletionRequest, specs: list[ChoiceSpec], outs: list[_ChoiceOut],
     head: dict[str, Any], text_of: TokenText, prompt_len: int, arrival: float, deadline: float,
+    lora: str | None,
 ) -> AsyncIterator[bytes]:
     opts = req.stream_options
     continuous = bool(opts and opts.continuous_usage_stats)
@@ -220,7 +212,8 @@ async def _stream(
 
     try:
         async with open_generation(server, specs, arrival=arrival, priority=req.priority,
-                                   cache_salt=req.cache_salt, deadline=deadline) as gen:
+                                   cache_salt=req.cache_salt, deadline=deadline,
+                                   lora_name=lora) as gen:
             while deltas := await gen.next():
                 for d in deltas:
                     out = outs[d.index]

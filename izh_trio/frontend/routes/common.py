@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
 import trio
 from quart import Quart, Request, g
 
@@ -15,6 +16,8 @@ from izh_trio.frontend.admission import Ticket
 from izh_trio.frontend.errors import APIError
 from izh_trio.frontend.generation import ChoiceSpec
 from izh_trio.frontend.server import Server, ServerState
+from izh_trio.frontend.structured import Constraint, check_grammar, request_constraint
+from izh_trio.wire import SamplingParams
 
 REQUEST_ID_HEADER = "X-Request-Id"
 TIMEOUT_HEADER = "X-Request-Timeout"
@@ -81,10 +84,31 @@ async def json_body(request: Request) -> Any:
 
 
 def served_model(server: Server, requested: str | None) -> str:
-    if requested is not None and requested != server.model_name:
+    """The base model or one of its LoRA adapters (they share its tokenizer), else a 404."""
+    if requested is not None and requested != server.model_name \
+            and requested not in server.loras:
         raise APIError(404, f"The model `{requested}` does not exist.", param="model",
                        code="model_not_found")
-    return server.model_name
+    return requested or server.model_name
+
+
+def resolve_model(server: Server, model: str | None, lora: str | None) -> tuple[str, str | None]:
+    """The model id a response reports and the LoRA adapter to run (None: the base model).
+
+    ``model`` may name the base model or an adapter; the ``lora`` field names an adapter.
+    Unknown names are 404s (model_not_found); two different adapters are a 400.
+    """
+    adapter = served_model(server, model)
+    adapter = None if adapter == server.model_name else adapter
+    if lora is not None:
+        if lora not in server.loras:
+            raise APIError(404, f"The LoRA adapter `{lora}` does not exist.", param="lora",
+                           code="model_not_found")
+        if adapter not in (None, lora):
+            raise APIError(400, f"model names the LoRA adapter {adapter!r} but lora names "
+                                f"{lora!r}", param="lora")
+        adapter = lora
+    return adapter or server.model_name, adapter
 
 
 def request_id(request: Request, prefix: str) -> str:
@@ -102,3 +126,23 @@ def check_salt(salt: str | None) -> None:
         except UnicodeEncodeError:
             raise APIError(400, "cache_salt must be valid Unicode text",
                            param="cache_salt") from None
+
+
+async def checked_constraint(server: Server, body: dict[str, Any],
+                             forced: Constraint | None = None) -> Constraint | None:
+    """The request's output constraint (or a forced one), compiled against the vocabulary."""
+    found = request_constraint(body)
+    if found is not None and forced is not None:
+        raise APIError(400, f"{forced.param} cannot be combined with another output constraint",
+                       param=found.param)
+    constraint = found or forced
+    if constraint is not None:
+        tokenizer = await trio.to_thread.run_sync(lambda: server.tokenizer.ll_tokenizer)
+        check_grammar(constraint.grammar, tokenizer, constraint.param)
+    return constraint
+
+
+def constrained(params: SamplingParams, constraint: Constraint | None) -> SamplingParams:
+    if constraint is None:
+        return params
+    return attrs.evolve(params, grammar=constraint.grammar, json_output=constraint.is_json)

@@ -7,7 +7,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import attrs
-import trio
 from quart import Blueprint, Response, current_app, request
 
 from izh_trio.frontend import sse
@@ -24,15 +23,16 @@ from izh_trio.frontend.openai_format import (
 from izh_trio.frontend.routes.common import (
     admit,
     check_salt,
+    checked_constraint,
+    constrained,
     deadline_of,
     json_body,
     request_id,
-    served_model,
+    resolve_model,
     server_of,
 )
 from izh_trio.frontend.schemas import CompletionRequest, parse_body
 from izh_trio.frontend.server import Server
-from izh_trio.frontend.structured import check_grammar, request_grammar
 
 bp = Blueprint("completions", __name__)
 
@@ -63,7 +63,7 @@ async def completions() -> Any:
     server = server_of(current_app)
     body = await json_body(request)
     req = parse_body(CompletionRequest, body)
-    model = served_model(server, req.model)
+    model, lora = resolve_model(server, req.model, req.lora)
     if req.best_of not in (None, req.n):
         raise APIError(400, "best_of is not supported (use n)", param="best_of")
     if req.suffix:
@@ -74,11 +74,7 @@ async def completions() -> Any:
         ids = server.tokenizer.encode(p) if isinstance(p, str) else p
         check_prompt(server, ids)
         prompts.append(_Prompt(ids, p if isinstance(p, str) else server.tokenizer.decode(ids)))
-    grammar = None
-    if (found := request_grammar(body)) is not None:
-        param, grammar = found
-        tokenizer = await trio.to_thread.run_sync(lambda: server.tokenizer.ll_tokenizer)
-        check_grammar(grammar, tokenizer, param)
+    constraint = await checked_constraint(server, body)
     # echo + logprobs reports the prompt's tokens too, so the engine must score them.
     prompt_lp = req.prompt_logprobs
     if req.echo and req.logprobs is not None:
@@ -86,10 +82,10 @@ async def completions() -> Any:
     specs = [
         ChoiceSpec(
             index=pi * req.n + i, prompt_ids=p.ids,
-            params=attrs.evolve(
+            params=constrained(
                 sampling_params(server, req, len(p.ids), max_tokens=req.max_tokens,
                                 logprobs=req.logprobs, prompt_logprobs=prompt_lp, index=i),
-                grammar=grammar),
+                constraint),
             stop=req.stop, include_stop_str=req.include_stop_str_in_output,
             skip_special_tokens=req.skip_special_tokens,
         )
@@ -102,12 +98,13 @@ async def completions() -> Any:
     outs = [_ChoiceOut(prompts[s.index // req.n]) for s in specs]
     render = _Renderer(req, TokenText(server.tokenizer.tokenizer))
     if req.stream:
-        body = _stream(server, req, specs, outs, head, render, arrival, deadline)
+        body = _stream(server, req, specs, outs, head, render, arrival, deadline, lora)
         return Response(TicketedBody(body, ticket), mimetype="text/event-stream",
                         headers=sse.HEADERS)
     with ticket:
         async with open_generation(server, specs, arrival=arrival, priority=req.priority,
-                                   cache_salt=req.cache_salt, deadline=deadline) as gen:
+                                   cache_salt=req.cache_salt, deadline=deadline,
+                                   lora_name=lora) as gen:
             while deltas := await gen.next():
                 for d in deltas:
                     render.apply(outs[d.index], d)
@@ -156,11 +153,13 @@ class _Renderer:
 async def _stream(
     server: Server, req: CompletionRequest, specs: list[ChoiceSpec], outs: list[_ChoiceOut],
     head: dict[str, Any], render: _Renderer, arrival: float, deadline: float,
+    lora: str | None,
 ) -> AsyncIterator[bytes]:
     opts = req.stream_options
     try:
         async with open_generation(server, specs, arrival=arrival, priority=req.priority,
-                                   cache_salt=req.cache_salt, deadline=deadline) as gen:
+                                   cache_salt=req.cache_salt, deadline=deadline,
+                                   lora_name=lora) as gen:
             while deltas := await gen.next():
                 for d in deltas:
                     out = outs[d.index]

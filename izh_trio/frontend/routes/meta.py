@@ -26,10 +26,12 @@ def _server() -> Server:
 async def models() -> Any:
     server = _server()
     ready = server.client.ready if server.client else None
-    card = {"id": server.model_name, "object": "model", "created": int(time.time()),
-            "owned_by": "izh_trio", "root": str(server.model_dir), "parent": None,
+    base = {"object": "model", "created": int(time.time()), "owned_by": "izh_trio",
             "max_model_len": ready.max_model_len if ready else None}
-    return {"object": "list", "data": [card]}
+    cards = [{"id": server.model_name, **base, "root": str(server.model_dir), "parent": None}]
+    cards += [{"id": name, **base, "root": path, "parent": server.model_name}
+              for name, path in server.loras.items()]  # LoRA adapters of the base model
+    return {"object": "list", "data": cards}
 
 
 @bp.get("/health")
