@@ -3,29 +3,34 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+import typing
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import attrs
 from attrs import validators as v
 
 from izh_trio.wire import EngineConfig
 
-
-def _opt_int(value: str | None) -> int | None:
-    return None if value in (None, "") else int(value)
-
-
-def _opt_float(value: str | None) -> float | None:
-    return None if value in (None, "") else float(value)
+#: Environment names that are not simply the field's name in capitals.
+_ENV_NAMES = {"api_keys": "API_KEY"}
 
 
-def _opt_bool(value: str | None) -> bool | None:
-    if value in (None, ""):
-        return None
-    if value.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-        raise ValueError(f"not a boolean: {value!r}")
-    return value.lower() in ("1", "true", "yes", "on")
+def _from_env_text(raw: str, tp: Any) -> Any:
+    """An ``IZH_*`` value as the field's type: numbers, booleans, comma lists, text."""
+    kinds = {t for t in typing.get_args(tp) if t is not type(None)} or {tp}
+    if typing.get_origin(tp) is tuple:
+        return tuple(item.strip() for item in raw.split(",") if item.strip())
+    if bool in kinds:
+        if raw.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            raise ValueError(f"not a boolean: {raw!r}")
+        return raw.lower() in ("1", "true", "yes", "on")
+    if int in kinds:
+        return int(raw)
+    if float in kinds:
+        return float(raw)
+    return raw
 
 
 def parse_lora_module(spec: str | tuple[str, str] | list[str]) -> tuple[str, str]:
@@ -105,48 +110,15 @@ class Settings:
     enable_lora_runtime_updates: bool = False
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
-        env = dict(os.environ if env is None else env)
-
-        def get(name: str) -> str | None:
-            value = env.get("IZH_" + name)
-            return value if value not in (None, "") else None
-
-        fields = {
-            "model_dir": get("MODEL_DIR"),
-            "served_model_name": get("SERVED_MODEL_NAME"),
-            "host": get("HOST"),
-            "port": _opt_int(get("PORT")),
-            "max_model_len": _opt_int(get("MAX_MODEL_LEN")),
-            "max_num_seqs": _opt_int(get("MAX_NUM_SEQS")),
-            "max_num_batched_tokens": _opt_int(get("MAX_NUM_BATCHED_TOKENS")),
-            "block_size": _opt_int(get("BLOCK_SIZE")),
-            "num_kv_blocks": _opt_int(get("NUM_KV_BLOCKS")),
-            "kv_cache_gib": _opt_float(get("KV_CACHE_GIB")),
-            "dtype": get("DTYPE"),
-            "device": get("DEVICE"),
-            "attention_backend": get("ATTENTION_BACKEND"),
-            "cuda_graphs": get("CUDA_GRAPHS"),
-            "gpu_memory_utilization": _opt_float(get("GPU_MEMORY_UTILIZATION")),
-            "seed": _opt_int(get("SEED")),
-            "engine_threads": _opt_int(get("ENGINE_THREADS")),
-            "api_keys": tuple(k for k in (get("API_KEY") or "").split(",") if k) or None,
-            "max_pending": _opt_int(get("MAX_PENDING")),
-            "api_keys_file": get("API_KEYS_FILE"),
-            "rate_limit_tokens_per_minute": _opt_int(get("RATE_LIMIT_TOKENS_PER_MINUTE")),
-            "request_timeout": _opt_float(get("REQUEST_TIMEOUT")),
-            "drain_timeout": _opt_float(get("DRAIN_TIMEOUT")),
-            "max_body_bytes": _opt_int(get("MAX_BODY_BYTES")),
-            "max_stream_buffer_tokens": _opt_int(get("MAX_STREAM_BUFFER_TOKENS")),
-            "max_engine_restarts": _opt_int(get("MAX_ENGINE_RESTARTS")),
-            "startup_timeout": _opt_float(get("STARTUP_TIMEOUT")),
-            "lora_modules": tuple(s for s in (get("LORA_MODULES") or "").split(",")
-                                  if s.strip()) or None,
-            "max_loras": _opt_int(get("MAX_LORAS")),
-            "max_lora_rank": _opt_int(get("MAX_LORA_RANK")),
-            "enable_lora_runtime_updates": _opt_bool(get("ENABLE_LORA_RUNTIME_UPDATES")),
-        }
-        return cls(**{k: val for k, val in fields.items() if val is not None})
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Every field from ``IZH_<FIELD>`` (``IZH_API_KEY`` for the keys), unset ones default."""
+        env = os.environ if env is None else env
+        values = {}
+        for field in attrs.fields(attrs.resolve_types(cls)):
+            raw = env.get("IZH_" + _ENV_NAMES.get(field.name, field.name.upper()))
+            if raw not in (None, ""):
+                values[field.name] = _from_env_text(raw, field.type)
+        return cls(**values)
 
     def all_api_keys(self) -> tuple[str, ...]:
         keys = list(self.api_keys)
