@@ -1,0 +1,73 @@
+"""The per-request buffer between the engine reader and a route: coalescing and its bound."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from izh_trio.frontend.request_stream import EngineError, Notifier, RequestStream
+from izh_trio.wire import FinishReason, RequestOutput
+
+
+def _out(tokens: list[int], n_out: int, reason: FinishReason | None = None) -> RequestOutput:
+    return RequestOutput("r", tokens, 3, n_out, 0, reason)
+
+
+def _stream(limit: int = 100) -> tuple[RequestStream, list[int]]:
+    aborts: list[int] = []
+    return RequestStream("r", 3, limit, Notifier(), abort=lambda: aborts.append(1)), aborts
+
+
+async def test_outputs_coalesce_while_the_route_is_busy() -> None:
+    stream, aborts = _stream()
+    stream.push(_out([1], 1))
+    stream.push(_out([2, 3], 3))
+    delta = await stream.__anext__()
+    assert delta.token_ids == [1, 2, 3] and delta.num_output_tokens == 3
+    stream.push(_out([4], 4, FinishReason.LENGTH))
+    last = await stream.__anext__()
+    assert last.token_ids == [4] and last.finish_reason is FinishReason.LENGTH
+    with pytest.raises(StopAsyncIteration):
+        await stream.__anext__()
+    stream.abort()  # finished in the core: nothing to abort
+    assert aborts == []
+
+
+async def test_a_consumer_that_falls_behind_is_failed_and_aborted() -> None:
+    stream, aborts = _stream(limit=10)
+    for i in range(11):
+        stream.push(_out([i], i + 1))
+    with pytest.raises(EngineError, match="fell more than 10 tokens behind"):
+        await stream.__anext__()
+    assert aborts == [1]
+    stream.abort()  # idempotent: the open_stream exit will call it again
+    assert aborts == [1]
+
+
+async def test_one_notifier_wakes_a_waiter_for_any_stream(autojump_clock: trio.abc.Clock
+                                                          ) -> None:
+    notifier = Notifier()
+    a = RequestStream("a", 1, 100, notifier, abort=lambda: None)
+    b = RequestStream("b", 1, 100, notifier, abort=lambda: None)
+
+    async def later() -> None:
+        await trio.sleep(5)
+        b.push(RequestOutput("b", [9], 1, 1))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(later)
+        with trio.fail_after(10):
+            await notifier.wait()
+    assert a.take_nowait() is None
+    assert b.take_nowait().token_ids == [9]
+
+
+async def test_a_rejection_is_raised_once() -> None:
+    stream, aborts = _stream()
+    stream.reject("bad prompt")
+    with pytest.raises(EngineError) as err:
+        await stream.__anext__()
+    assert err.value.rejected
+    assert stream.take_nowait() is None and stream.exhausted
+    stream.abort()
+    assert aborts == []  # the core never took it
