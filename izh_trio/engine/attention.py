@@ -22,6 +22,8 @@ import attrs
 import torch
 import torch.nn.functional as F
 
+from izh_trio.engine import cpu_attention
+
 
 @attrs.frozen
 class ChunkSpec:
@@ -66,6 +68,14 @@ class AttentionMetadata:
     #: [B, 1, 1, max_blocks * block_size]: 0 where a decode attends, -inf past its context.
     #: Additive and built once per step, so no layer converts a boolean mask again.
     decode_bias: torch.Tensor | None
+    decode_context_lens: torch.Tensor | None = None  # [B] int64
+    #: Decode in place with the compiled CPU kernel (fp32 on CPU, when it built).
+    decode_in_place: bool = False
+
+
+def in_place_ok() -> bool:
+    """Whether the compiled CPU decode kernel can be used (built once, on first ask)."""
+    return cpu_attention.available()
 
 
 def build_metadata(step: StepAttention, device: torch.device, num_kv_heads: int = 1
@@ -75,7 +85,7 @@ def build_metadata(step: StepAttention, device: torch.device, num_kv_heads: int 
                      block_table=torch.tensor(c.block_table, dtype=torch.long, device=device))
         for c in step.prefills
     )
-    decode_tables = decode_bias = None
+    decode_tables = decode_bias = ctx = None
     if step.decodes:
         width = max(len(c.block_table) for c in step.decodes)
         tables = [c.block_table + [0] * (width - len(c.block_table)) for c in step.decodes]
@@ -90,6 +100,8 @@ def build_metadata(step: StepAttention, device: torch.device, num_kv_heads: int 
         num_prefill_tokens=step.num_prefill_tokens,
         decode_block_tables=decode_tables,
         decode_bias=decode_bias,
+        decode_context_lens=ctx,
+        decode_in_place=bool(step.decodes) and device.type == "cpu" and in_place_ok(),
     )
 
 
@@ -131,7 +143,12 @@ def paged_attention(
             attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True,
         )
         out[s : s + n] = o.squeeze(0).transpose(0, 1)
-    if meta.decode_block_tables is not None:
+    if meta.decode_block_tables is not None and meta.decode_in_place \
+            and q.dtype == k_cache.dtype == torch.float32:
+        s = meta.num_prefill_tokens
+        out[s:] = cpu_attention.paged_decode(q[s:], k_cache, v_cache, meta.decode_block_tables,
+                                             meta.decode_context_lens, scale)
+    elif meta.decode_block_tables is not None:
         s = meta.num_prefill_tokens
         tables = meta.decode_block_tables
         b, h_kv = tables.shape[0], k_cache.shape[2]
