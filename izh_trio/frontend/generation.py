@@ -150,26 +150,37 @@ class Generation:
             return [c.expire(self._metrics, elapsed) for c in self._choices if not c.done]
 
 
+@attrs.frozen
+class GenerationPlan:
+    """Everything one HTTP request asks of the engine, decided before any byte is sent."""
+
+    specs: Sequence[ChoiceSpec]
+    arrival: float  # time.monotonic() when the request came in
+    priority: int = 0
+    cache_salt: str | None = None
+    deadline: float = math.inf  # trio time
+    lora_name: str | None = None
+
+
 @asynccontextmanager
-async def open_generation(
-    server: Server, specs: Sequence[ChoiceSpec], *, arrival: float, priority: int = 0,
-    cache_salt: str | None = None, deadline: float = math.inf, lora_name: str | None = None,
-) -> AsyncIterator[Generation]:
+async def open_generation(server: Server, plan: GenerationPlan) -> AsyncIterator[Generation]:
     notifier = Notifier()
     base = uuid.uuid4().hex
     async with AsyncExitStack() as stack:
         choices = []
-        for spec in specs:
+        for spec in plan.specs:
             try:
                 stream = await stack.enter_async_context(server.client.open_stream(
-                    f"{base}-{spec.index}", spec.prompt_ids, spec.params, priority=priority,
-                    cache_salt=cache_salt, lora_name=lora_name, notifier=notifier))
+                    f"{base}-{spec.index}", spec.prompt_ids, spec.params,
+                    priority=plan.priority, cache_salt=plan.cache_salt,
+                    lora_name=plan.lora_name, notifier=notifier))
             except EngineUnavailable as exc:
                 raise APIError(503, f"the engine is unavailable: {exc}") from None
             except ValueError as exc:
                 raise APIError(400, str(exc)) from None
             choices.append(_Choice(spec, stream, server))
-        generation = Generation(choices, notifier, server.metrics, arrival, deadline)
+        generation = Generation(choices, notifier, server.metrics, plan.arrival,
+                                plan.deadline)
         server.generations.add(generation)
         stack.callback(server.generations.discard, generation)
         yield generation

@@ -14,7 +14,7 @@ from izh_trio.frontend.admission import TicketedBody
 from izh_trio.frontend.chat_messages import normalize_tools
 from izh_trio.frontend.chat_parser import ChatOutputParser, Event, ToolCall
 from izh_trio.frontend.errors import APIError
-from izh_trio.frontend.generation import ChoiceDelta, ChoiceSpec, open_generation
+from izh_trio.frontend.generation import ChoiceDelta, ChoiceSpec, GenerationPlan, open_generation
 from izh_trio.frontend.openai_format import (
     TokenText,
     chat_logprobs,
@@ -116,21 +116,20 @@ async def chat_completions() -> Any:
                    skip_special_tokens=req.skip_special_tokens)
         for i in range(req.n)
     ]
-    deadline = deadline_of(request, server)
+    job = GenerationPlan(specs, arrival, req.priority, req.cache_salt,
+                         deadline_of(request, server), lora)
     ticket = admit(server, request, specs)
     head = {"id": request_id(request, "chatcmpl"), "object": "chat.completion",
             "created": int(time.time()), "model": model}
     outs = [_ChoiceOut(ChatOutputParser(tools=plan.parse)) for _ in specs]
     text_of = TokenText(server.tokenizer.tokenizer)
     if req.stream:
-        stream = _stream(server, req, specs, outs, {**head, "object": "chat.completion.chunk"},
-                         text_of, len(prompt_ids), arrival, deadline, lora)
+        stream = _stream(server, req, job, outs, {**head, "object": "chat.completion.chunk"},
+                         text_of, len(prompt_ids))
         return Response(TicketedBody(stream, ticket), mimetype="text/event-stream",
                         headers=sse.HEADERS)
     with ticket:
-        async with open_generation(server, specs, arrival=arrival, priority=req.priority,
-                                   cache_salt=req.cache_salt, deadline=deadline,
-                                   lora_name=lora) as gen:
+        async with open_generation(server, job) as gen:
             while deltas := await gen.next():
                 for d in deltas:
                     outs[d.index].fold(d)
@@ -193,9 +192,8 @@ def _usage(outs: list[_ChoiceOut], prompt_len: int) -> dict[str, Any]:
 
 
 async def _stream(
-    server: Server, req: ChatCompletionRequest, specs: list[ChoiceSpec], outs: list[_ChoiceOut],
-    head: dict[str, Any], text_of: TokenText, prompt_len: int, arrival: float, deadline: float,
-    lora: str | None,
+    server: Server, req: ChatCompletionRequest, job: GenerationPlan, outs: list[_ChoiceOut],
+    head: dict[str, Any], text_of: TokenText, prompt_len: int,
 ) -> AsyncIterator[bytes]:
     opts = req.stream_options
     continuous = bool(opts and opts.continuous_usage_stats)
@@ -211,9 +209,7 @@ async def _stream(
         return sse.event(body)
 
     try:
-        async with open_generation(server, specs, arrival=arrival, priority=req.priority,
-                                   cache_salt=req.cache_salt, deadline=deadline,
-                                   lora_name=lora) as gen:
+        async with open_generation(server, job) as gen:
             while deltas := await gen.next():
                 for d in deltas:
                     out = outs[d.index]

@@ -12,7 +12,7 @@ from quart import Blueprint, Response, current_app, request
 from izh_trio.frontend import sse
 from izh_trio.frontend.admission import TicketedBody
 from izh_trio.frontend.errors import APIError
-from izh_trio.frontend.generation import ChoiceDelta, ChoiceSpec, open_generation
+from izh_trio.frontend.generation import ChoiceDelta, ChoiceSpec, GenerationPlan, open_generation
 from izh_trio.frontend.openai_format import (
     TokenText,
     check_prompt,
@@ -91,20 +91,19 @@ async def completions() -> Any:
         )
         for pi, p in enumerate(prompts) for i in range(req.n)
     ]
-    deadline = deadline_of(request, server)
+    job = GenerationPlan(specs, arrival, req.priority, req.cache_salt,
+                         deadline_of(request, server), lora)
     ticket = admit(server, request, specs)
     head = {"id": request_id(request, "cmpl"), "object": "text_completion",
             "created": int(time.time()), "model": model}
     outs = [_ChoiceOut(prompts[s.index // req.n]) for s in specs]
     render = _Renderer(req, TokenText(server.tokenizer.tokenizer))
     if req.stream:
-        body = _stream(server, req, specs, outs, head, render, arrival, deadline, lora)
+        body = _stream(server, req, job, outs, head, render)
         return Response(TicketedBody(body, ticket), mimetype="text/event-stream",
                         headers=sse.HEADERS)
     with ticket:
-        async with open_generation(server, specs, arrival=arrival, priority=req.priority,
-                                   cache_salt=req.cache_salt, deadline=deadline,
-                                   lora_name=lora) as gen:
+        async with open_generation(server, job) as gen:
             while deltas := await gen.next():
                 for d in deltas:
                     render.apply(outs[d.index], d)
@@ -151,15 +150,12 @@ class _Renderer:
 
 
 async def _stream(
-    server: Server, req: CompletionRequest, specs: list[ChoiceSpec], outs: list[_ChoiceOut],
-    head: dict[str, Any], render: _Renderer, arrival: float, deadline: float,
-    lora: str | None,
+    server: Server, req: CompletionRequest, job: GenerationPlan, outs: list[_ChoiceOut],
+    head: dict[str, Any], render: _Renderer,
 ) -> AsyncIterator[bytes]:
     opts = req.stream_options
     try:
-        async with open_generation(server, specs, arrival=arrival, priority=req.priority,
-                                   cache_salt=req.cache_salt, deadline=deadline,
-                                   lora_name=lora) as gen:
+        async with open_generation(server, job) as gen:
             while deltas := await gen.next():
                 for d in deltas:
                     out = outs[d.index]
