@@ -73,6 +73,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="LoRA slot rank (default: the largest rank loaded at start)")
     p.add_argument("--enable-lora-runtime-updates", action="store_true",
                    help="serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter")
+    p.add_argument("--backlog", type=int, default=2048,
+                   help="listen backlog: a burst of new connections beyond it is reset")
     p.add_argument("--log-level", default="INFO")
 
 
@@ -81,7 +83,7 @@ def _settings_from(args: argparse.Namespace) -> Settings:
     return Settings(**{k: v for k, v in vars(args).items() if k in names})
 
 
-def serve(settings: Settings) -> None:
+def serve(settings: Settings, backlog: int = 2048) -> None:
     """hypercorn's trio worker on our app; SIGTERM/SIGINT start a drain, then a shutdown."""
     from hypercorn.config import Config
     from hypercorn.trio import serve as hypercorn_serve
@@ -90,6 +92,7 @@ def serve(settings: Settings) -> None:
 
     config = Config()
     config.bind = [f"{settings.host}:{settings.port}"]
+    config.backlog = backlog  # hypercorn's 100 resets part of a 256-client burst
     config.startup_timeout = settings.startup_timeout
     config.graceful_timeout = 5.0  # the drain already waited for in-flight requests
     config.accesslog = None
@@ -119,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    serve(_settings_from(args))
+    serve(_settings_from(args), backlog=args.backlog)
     return 0
 
 

@@ -6,6 +6,7 @@ import hmac
 import logging
 from typing import Any
 
+import trio
 from quart import g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
@@ -82,4 +83,30 @@ def create_app(settings: Settings) -> QuartTrio:
 
     for bp in BLUEPRINTS:
         app.register_blueprint(bp)
+    app.asgi_app = _shield_last_send(app.asgi_app)  # type: ignore[method-assign]
+    return app
+
+
+def _shield_last_send(asgi_app: Any) -> Any:
+    """Let hypercorn finish closing a ``Connection: close`` (or HTTP/1.0) response.
+
+    The response's last send is where hypercorn closes such a connection, and quart-trio
+    cancels the request's nursery as soon as hypercorn reports the disconnect that this
+    close itself causes: the close is cancelled half-way and the socket stays open, so a
+    client reading to EOF (HTTP/1.0 streams have no other end) waits forever. hypercorn
+    already shields its socket writes, so shielding the last one adds no new wait.
+    """
+
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await asgi_app(scope, receive, send)
+
+        async def send_last_shielded(message: dict) -> None:
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                with trio.CancelScope(shield=True):
+                    return await send(message)
+            return await send(message)
+
+        return await asgi_app(scope, receive, send_last_shielded)
+
     return app

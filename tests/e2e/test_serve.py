@@ -138,3 +138,49 @@ def test_early_error_does_not_stall_the_connection(server: str) -> None:
         assert client.post(server + "/v1/nowhere", json={}).status_code == 404
         assert client.post(server + "/v1/completions",
                            json={"prompt": "x", "max_tokens": 1}).status_code == 200
+
+
+
+async def _read_to_eof(port: int, request: bytes) -> bytes:
+    import trio
+
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    async with stream:
+        await stream.send_all(request)
+        data = b""
+        while chunk := await stream.receive_some():
+            data += chunk
+        return data
+
+
+async def test_a_burst_of_connection_close_requests_all_end(server: str) -> None:
+    """400 clients at once, each reading to EOF: every connection is answered and closed."""
+    import trio
+
+    port = int(server.rsplit(":", 1)[1])
+    heads: list[bytes] = []
+
+    async def one() -> None:
+        data = await _read_to_eof(
+            port, b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        heads.append(data.split(b" ", 2)[1])
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            for _ in range(400):
+                nursery.start_soon(one)
+    assert heads == [b"200"] * 400
+
+
+async def test_http_1_0_stream_ends_with_the_connection(server: str) -> None:
+    """An HTTP/1.0 SSE stream has no chunked framing: it must end by closing the socket."""
+    import trio
+
+    port = int(server.rsplit(":", 1)[1])
+    body = b'{"model": "qwen3-test", "prompt": "hi", "max_tokens": 4, "stream": true}'
+    request = (b"POST /v1/completions HTTP/1.0\r\ncontent-type: application/json\r\n"
+               b"content-length: %d\r\n\r\n%s" % (len(body), body))
+    with trio.fail_after(30):
+        data = await _read_to_eof(port, request)
+    assert data.startswith(b"HTTP/1.0 200") or data.startswith(b"HTTP/1.1 200")
+    assert data.rstrip().endswith(b"data: [DONE]")
