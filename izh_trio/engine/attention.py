@@ -86,14 +86,14 @@ def build_metadata(step: StepAttention, device: torch.device, num_kv_heads: int 
         for c in step.prefills
     )
     decode_tables = decode_bias = ctx = None
+    in_place = bool(step.decodes) and device.type == "cpu" and in_place_ok()
     if step.decodes:
         width = max(len(c.block_table) for c in step.decodes)
         tables = [c.block_table + [0] * (width - len(c.block_table)) for c in step.decodes]
         decode_tables = torch.tensor(tables, dtype=torch.long, device=device)
         ctx = torch.tensor([c.context_len for c in step.decodes], device=device)
-        positions = torch.arange(width * step.block_size, device=device)
-        past = (positions[None, :] >= ctx[:, None])[:, None, None, :]
-        decode_bias = torch.zeros(past.shape, device=device).masked_fill_(past, float("-inf"))
+    if step.decodes and not in_place:  # the in-place kernel stops at each context itself
+        decode_bias = _decode_bias(ctx, width * step.block_size)
     return AttentionMetadata(
         slot_mapping=torch.tensor(step.slots, dtype=torch.long, device=device),
         prefills=chunks,
@@ -101,8 +101,14 @@ def build_metadata(step: StepAttention, device: torch.device, num_kv_heads: int 
         decode_block_tables=decode_tables,
         decode_bias=decode_bias,
         decode_context_lens=ctx,
-        decode_in_place=bool(step.decodes) and device.type == "cpu" and in_place_ok(),
+        decode_in_place=in_place,
     )
+
+
+def _decode_bias(context_lens: torch.Tensor, width: int) -> torch.Tensor:
+    positions = torch.arange(width, device=context_lens.device)
+    past = (positions[None, :] >= context_lens[:, None])[:, None, None, :]
+    return torch.zeros(past.shape, device=context_lens.device).masked_fill_(past, float("-inf"))
 
 
 def store_kv(
@@ -156,7 +162,10 @@ def paged_attention(
         qd = q[s:].view(b, h_kv, q.shape[1] // h_kv, q.shape[2])  # [B, H_kv, G, D]
         kd = _gather_flat(k_cache, tables).transpose(1, 2)  # [B, H_kv, L, D]
         vd = _gather_flat(v_cache, tables).transpose(1, 2)
-        o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=meta.decode_bias, scale=scale)
+        bias = meta.decode_bias  # None when planned in place but the dtype is not fp32
+        if bias is None:
+            bias = _decode_bias(meta.decode_context_lens, kd.shape[2])
+        o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=bias, scale=scale)
         out[s:] = o.reshape(b, q.shape[1], q.shape[2])
     return out
 

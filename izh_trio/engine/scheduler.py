@@ -180,12 +180,13 @@ class Scheduler:
         self.bm.register_full_blocks(seq)
         if token is None:
             return None
-        seq.token_ids.append(token)
+        ids = seq.token_ids
+        ids.append(token)
         params = seq.params
-        if seq.num_output_tokens >= params.min_tokens and token in seq.stop_token_ids:
+        num_output = len(ids) - seq.num_prompt_tokens  # hot: once per sequence per step
+        if num_output >= params.min_tokens and token in seq.stop_token_ids:
             seq.stop_token_id = token
             return FinishReason.STOP
-        if (seq.num_output_tokens >= params.max_tokens
-                or seq.num_tokens >= self.config.max_model_len):
+        if num_output >= params.max_tokens or len(ids) >= self.config.max_model_len:
             return FinishReason.LENGTH
         return None

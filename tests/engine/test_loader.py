@@ -20,13 +20,19 @@ from tests.conftest import save_transformers_qwen3
 PROMPT = [3, 141, 59, 265, 358, 979, 323, 846]
 
 
-def _last_logits(model_dir: Path, **cfg: object) -> torch.Tensor:
+def _last_logits(model_dir: Path, *, decode: bool = False, **cfg: object) -> torch.Tensor:
+    """The prompt's last logits; with ``decode``, its prefix prefilled and its last token
+    decoded through the paged cache."""
     runner = ModelRunner(EngineConfig(model_dir=str(model_dir), num_kv_blocks=8, **cfg))
     seq = Sequence(request_id="x", token_ids=list(PROMPT), params=SamplingParams(),
                    stop_token_ids=frozenset())
     bm = BlockManager(runner.num_blocks, runner.block_size)
     assert bm.allocate_slots(seq, len(PROMPT))
-    return runner.execute([ScheduledSeq(seq, len(PROMPT))]).sample[0]
+    if not decode:
+        return runner.execute([ScheduledSeq(seq, len(PROMPT))]).sample[0]
+    runner.execute([ScheduledSeq(seq, len(PROMPT) - 1)])
+    seq.num_computed_tokens = len(PROMPT) - 1
+    return runner.execute([ScheduledSeq(seq, 1)]).sample[0]
 
 
 def _reference(model_dir: Path, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -66,9 +72,11 @@ def test_bfloat16_checkpoint(tmp_path: Path, tiny_dir: Path) -> None:
     model = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16)
     model.save_pretrained(d)
     assert Qwen3Config.from_dir(d).dtype == torch.bfloat16
-    ours = _last_logits(d)
-    # bf16 rounding differs with operation order: compare to fp32 math on the same weights.
-    torch.testing.assert_close(ours, _reference(d, torch.float32), atol=0.05, rtol=0)
+    # bf16 rounding differs with operation order: compare to fp32 math on the same weights,
+    # through prefill and through the decode path (which is not the fp32 CPU kernel's).
+    for decode in (False, True):
+        torch.testing.assert_close(_last_logits(d, decode=decode), _reference(d, torch.float32),
+                                   atol=0.05, rtol=0)
     # fp32 serving of the same bf16 weights matches the fp32 reference tightly.
     torch.testing.assert_close(_last_logits(d, dtype="float32"), _reference(d), atol=1e-4,
                                rtol=0)
