@@ -70,6 +70,13 @@ def _is_homogeneous_tuple(tp: Any) -> bool:
 @converter.register_structure_hook_factory(_is_homogeneous_tuple)
 def _strict_tuple(tp: Any) -> typing.Callable[[Any, Any], tuple]:
     item = typing.get_args(tp)[0]
+    if item is int:  # prompts: one type check per id, not a converter call per id
+        def ints(value: Any, _type: Any) -> tuple:
+            if type(value) is not list or not all(type(x) is int for x in value):
+                raise TypeError("expected an array of integers")
+            return tuple(value)
+
+        return ints
 
     def hook(value: Any, _type: Any) -> tuple:
         if type(value) is not list:
