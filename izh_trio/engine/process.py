@@ -12,6 +12,7 @@ spawns processes from a worker thread that its thread cache retires after a few 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -74,6 +75,8 @@ def serve(config: EngineConfig, in_fd: int, out_fd: int) -> int:
         log.exception("engine failed to start")
         out.send([Fatal(f"engine failed to start: {exc}")])
         return 1
+    gc.collect()
+    gc.freeze()  # the model and its modules: never walked by a collection again
     out.send([core.ready()])
 
     while True:

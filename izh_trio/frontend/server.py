@@ -9,6 +9,7 @@ at once, in-flight generations get ``drain_timeout`` to finish, then the rest ar
 from __future__ import annotations
 
 import enum
+import gc
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -67,6 +68,10 @@ class Server:
             raise ValueError(f"LoRA adapter name {self.model_name!r} is the served model's name")
         self.tokenizer = await trio.to_thread.run_sync(ModelTokenizer, self.model_dir)
         await nursery.start(self._supervise)
+        # Start-up objects (tokenizer, templates, imports) live as long as the server: keep
+        # them out of every later collection, which then only walks per-request garbage.
+        gc.collect()
+        gc.freeze()
         self.state = ServerState.SERVING
         log.info("serving %s from %s (max_model_len %d)", self.model_name, self.model_dir,
                  self.ready.max_model_len)
