@@ -72,6 +72,12 @@ def summarize(outcomes: list[Outcome], duration: float) -> dict[str, Any]:
     return point
 
 
+def client_cpu(cpu_s: float, output_tokens: int) -> dict[str, float | None]:
+    """The load generator's own CPU over a point: on a small box it competes with the server."""
+    per_token = cpu_s / output_tokens * 1e6 if output_tokens else None
+    return {"client_cpu_s": cpu_s, "client_cpu_us_per_token": per_token}
+
+
 def point_name(point: dict[str, Any]) -> str:
     c, r = point.get("max_concurrency"), point.get("request_rate")
     parts = [f"c={c}" if c else "c=inf"]
@@ -90,7 +96,10 @@ ROWS: list[tuple[str, str, str]] = [
     ("max_output_tokens_per_s", "peak output (tok/s)", ".1f"),
     ("max_concurrent_requests", "peak concurrent requests", "d"),
 ] + [(f"{s}_{m}_ms", f"{s} {m.upper()} (ms)", ".2f")
-     for m in LATENCIES for s in ("mean", "median", "p99")]
+     for m in LATENCIES for s in ("mean", "median", "p99")] + [
+    ("client_cpu_s", "client CPU (s)", ".2f"),
+    ("client_cpu_us_per_token", "client CPU per token (us)", ".1f"),
+]
 
 
 def _cell(value: Any, fmt: str) -> str:
