@@ -1,0 +1,129 @@
+"""Time the CPU paged decode kernel against the torch path it replaces, on one decode shape.
+
+    python tools/bench_cpu_attention.py [--batch 256] [--min-ctx 100] [--max-ctx 160]
+        [--heads 4] [--kv-heads 2] [--head-dim 64] [--block-size 16] [--iters 50]
+        [--rounds 5] [--no-torch]
+    python tools/bench_cpu_attention.py --module /tmp/old_cpu_attention.py --module package
+
+Single thread, as the engine runs torch. The cache's blocks are handed out in a random
+order, as after a while of admitting and finishing requests, so no call gets the hardware
+prefetcher's help across blocks for free. Prints milliseconds per call for the compiled
+kernel and for the torch path (gather K/V out of the cache with ``index_select``, then SDPA
+with an additive mask, as ``attention.paged_attention`` does without the kernel), the K/V
+bytes each call has to read and the rate it read them at, and the largest difference
+between the two outputs. ``--module`` (repeatable) loads ``cpu_attention`` from a file
+instead (``package``: the package's own), to compare an older kernel with the current one;
+their rounds are interleaved, so a busy machine slows them alike. Each figure is the best
+round of ``--rounds``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib.util
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import torch
+import torch.nn.functional as F
+
+
+def _load(path: str) -> ModuleType:
+    if path == "package":
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from izh_trio.engine import cpu_attention
+
+        return cpu_attention
+    spec = importlib.util.spec_from_file_location(f"bench_kernel_{abs(hash(path))}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _time(fns: dict[str, Callable[[], torch.Tensor]], iters: dict[str, int], rounds: int
+          ) -> dict[str, float]:
+    """Best round of ``iters`` calls for each function, in ms per call, rounds interleaved."""
+    best = {name: float("inf") for name in fns}
+    for fn in fns.values():
+        fn()  # warm-up (and the kernel's compile)
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(iters[name]):
+                fn()
+            best[name] = min(best[name], (time.perf_counter() - start) / iters[name] * 1e3)
+    return best
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--min-ctx", type=int, default=100)
+    p.add_argument("--max-ctx", type=int, default=160)
+    p.add_argument("--heads", type=int, default=4, help="query heads")
+    p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--iters", type=int, default=50, help="calls a round (torch: a fifth)")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--module", action="append",
+                   help="a cpu_attention.py to time instead of the package's (repeatable)")
+    p.add_argument("--no-torch", action="store_true", help="time only the kernel")
+    args = p.parse_args(argv)
+
+    torch.set_num_threads(1)
+    kernels = {path: _load(path) for path in args.module or ["package"]}
+    if not all(k.available() for k in kernels.values()):
+        print("the C kernel is unavailable (no compiler?)", file=sys.stderr)
+        return 1
+    g = torch.Generator().manual_seed(args.seed)
+    b, bs, h_q, h_kv, d = args.batch, args.block_size, args.heads, args.kv_heads, args.head_dim
+    lens = torch.randint(args.min_ctx, args.max_ctx + 1, (b,), generator=g)
+    width = int((lens.max() + bs - 1) // bs)
+    num_blocks = b * width + 1
+    k_cache = torch.randn(num_blocks, bs, h_kv, d, generator=g)
+    v_cache = torch.randn(num_blocks, bs, h_kv, d, generator=g)
+    tables = torch.randperm(num_blocks, generator=g)[: b * width].view(b, width)
+    q = torch.randn(b, h_q, d, generator=g)
+    scale = d**-0.5
+
+    positions = torch.arange(width * bs)
+    bias = torch.zeros(b, 1, 1, width * bs).masked_fill(
+        (positions[None, :] >= lens[:, None])[:, None, None, :], float("-inf"))
+
+    def with_torch() -> torch.Tensor:
+        kd = torch.index_select(k_cache, 0, tables.flatten()).view(b, -1, h_kv, d).transpose(1, 2)
+        vd = torch.index_select(v_cache, 0, tables.flatten()).view(b, -1, h_kv, d).transpose(1, 2)
+        qd = q.view(b, h_kv, h_q // h_kv, d)
+        return F.scaled_dot_product_attention(qd, kd, vd, attn_mask=bias,
+                                              scale=scale).reshape(b, h_q, d)
+
+    fns: dict[str, Callable[[], torch.Tensor]] = {
+        f"C kernel ({path})": functools.partial(k.paged_decode, q, k_cache, v_cache, tables,
+                                                lens, scale)
+        for path, k in kernels.items()}
+    iters = dict.fromkeys(fns, args.iters)
+    if not args.no_torch:
+        fns["torch"], iters["torch"] = with_torch, max(1, args.iters // 5)
+
+    kv_bytes = int(lens.sum()) * h_kv * d * 4 * 2
+    print(f"B={b} ctx=[{args.min_ctx},{args.max_ctx}] (mean {lens.float().mean():.1f}) "
+          f"H_q={h_q} H_kv={h_kv} D={d} block={bs}: {kv_bytes / 1e6:.1f} MB of K/V per call")
+    for name, ms in _time(fns, iters, args.rounds).items():
+        print(f"{name:40s} {ms:8.3f} ms/call  {kv_bytes / ms / 1e6:6.1f} GB/s of K/V")
+    if not args.no_torch:
+        want = with_torch()
+        for name, fn in fns.items():
+            if fn is not with_torch:
+                print(f"max |{name} - torch| = {(fn() - want).abs().max().item():.2e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
