@@ -15,7 +15,7 @@ from pathlib import Path
 import attrs
 import torch
 
-from izh_trio.engine.attention import ChunkSpec, StepAttention, get_backend
+from izh_trio.engine.attention import ChunkSpec, StepAttention, get_backend, in_place_ok
 from izh_trio.engine.loader import Qwen3Config, iter_safetensors, resolve_dtype
 from izh_trio.engine.lora.manager import LoraManager, lora_enabled
 from izh_trio.engine.lora.weights import LoraStep
@@ -85,6 +85,8 @@ class ModelRunner:
                  "max_model_len %d", model_dir, self.dtype, self.device, self.attention.name,
                  self.num_blocks, config.block_size, self.max_model_len)
 
+        if self.device.type == "cpu" and self.dtype == torch.float32:
+            in_place_ok()  # compile the CPU decode kernel now, not inside the first decode step
         self.graphs = None
         if use_graphs:
             from izh_trio.engine.cuda_graphs import DecodeGraphs
