@@ -33,7 +33,8 @@ WORKLOADS = {  # name: bench_serve arguments
     "1x128": ["--num-prompts", "12", "--concurrency", "1", "--input-len", "32",
               "--output-len", "128"],
 }
-METRICS = ("output_throughput", "median_ttft_ms", "median_itl_ms", "median_tpot_ms")
+METRICS = ("output_throughput", "median_ttft_ms", "median_itl_ms", "median_tpot_ms",
+           "server_cpu_us_per_token", "client_cpu_us_per_token")
 
 
 def _start(kind: str, model_dir: Path, port: int, log: Path) -> subprocess.Popen:
@@ -58,6 +59,21 @@ def _wait_ready(port: int, proc: subprocess.Popen, timeout: float = 900) -> None
             pass
         time.sleep(0.5)
     raise RuntimeError("server did not start")
+
+
+def _tree_cpu_s(root: int) -> float:
+    """User + system CPU seconds of ``root`` and all its live descendants (Linux /proc)."""
+    tick, total, todo = os.sysconf("SC_CLK_TCK"), 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:  # gone meanwhile
+            continue
+        todo += [int(c) for c in children]
+    return total
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -91,11 +107,16 @@ def main() -> None:
                 _wait_ready(a.port, proc)
                 for name in a.workloads.split(","):
                     out = a.out / f"{kind}-{name}-{rnd}.json"
+                    cpu_before = _tree_cpu_s(proc.pid)
                     subprocess.run([sys.executable, str(ROOT / "tools" / "bench_serve.py"),
                                     "--base-url", f"http://127.0.0.1:{a.port}", "--warmup", "8",
                                     "--no-progress", "--label", kind, "--result-json", str(out),
                                     *WORKLOADS[name]], check=False, stdout=subprocess.DEVNULL)
                     point = json.loads(out.read_text())["points"][0]
+                    # Warm-up requests included: a small overestimate, the same for both.
+                    point["server_cpu_us_per_token"] = (
+                        1e6 * (_tree_cpu_s(proc.pid) - cpu_before)
+                        / max(1, point["total_output_tokens"]))
                     results.setdefault(name, {}).setdefault(kind, []).append(point)
                     print(f"round {rnd} {kind:5} {name:8} " + "  ".join(
                         f"{m}={point[m]:.1f}" for m in METRICS if point.get(m) is not None),
