@@ -69,10 +69,12 @@ def _tree_cpu_s(root: int) -> float:
         try:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             total += (int(fields[11]) + int(fields[12])) / tick
-            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            # Children hang off the thread that spawned them, not always the main one.
+            children = {int(c) for task in Path(f"/proc/{pid}/task").iterdir()
+                        for c in (task / "children").read_text().split()}
         except OSError:  # gone meanwhile
             continue
-        todo += [int(c) for c in children]
+        todo += children
     return total
 
 
