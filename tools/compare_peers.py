@@ -130,7 +130,8 @@ def main() -> None:
     for name, by_kind in results.items():
         for metric in METRICS:
             med = {k: statistics.median(pt[metric] for pt in pts) for k, pts in by_kind.items()}
-            ratio = med["izh"] / med["vllm"] if {"izh", "vllm"} <= med.keys() else None
+            ratio = (med["izh"] / med["vllm"] if {"izh", "vllm"} <= med.keys() and med["vllm"]
+                     else None)  # a peer that sent everything in one chunk has ITL 0
             report.setdefault(name, {})[metric] = {**med, "ratio": ratio}
             print(f"{name:10}{metric:20}{med.get('izh', float('nan')):12.1f}"
                   f"{med.get('vllm', float('nan')):12.1f}"
