@@ -15,13 +15,14 @@ from izh_trio.frontend.settings import Settings
 
 def test_cli_and_env_give_the_same_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     seen = []
-    monkeypatch.setattr("izh_trio.cli.serve", seen.append)
+    monkeypatch.setattr("izh_trio.cli.serve",
+                        lambda settings, backlog: seen.append((settings, backlog)))
     main(["serve", "--lora-modules", "sql=/a/sql", "chat=rel/chat", "--max-loras", "1",
-          "--max-lora-rank", "32", "--enable-lora-runtime-updates"])
+          "--max-lora-rank", "32", "--enable-lora-runtime-updates", "--backlog", "512"])
     env = Settings.from_env({"IZH_LORA_MODULES": "sql=/a/sql, chat=rel/chat",
                              "IZH_MAX_LORAS": "1", "IZH_MAX_LORA_RANK": "32",
                              "IZH_ENABLE_LORA_RUNTIME_UPDATES": "true"})
-    assert seen == [env]
+    assert seen == [(env, 512)]
     assert env.lora_modules == (("sql", "/a/sql"), ("chat", "rel/chat"))
     config = env.engine_config(Path("/m"))
     assert config.lora_modules[0] == ("sql", "/a/sql")
