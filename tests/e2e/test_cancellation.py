@@ -44,7 +44,7 @@ async def test_disconnect_after_first_chunk_frees_kv(server: str) -> None:
             if line.startswith("data: {"):
                 break
         busy = _parse((await client.get(server + "/metrics")).text)
-        assert busy["izh:num_requests_running"] == 1
+        assert busy["izh:num_requests_running"] == 1, (line, busy)
         assert busy["izh:kv_cache_usage_perc"] > 0
     # leaving the block closed the connection mid-stream
     after = await _idle_within(server, 2.0)
