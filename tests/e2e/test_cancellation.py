@@ -43,7 +43,12 @@ async def test_disconnect_after_first_chunk_frees_kv(server: str) -> None:
         async for line in r.aiter_lines():
             if line.startswith("data: {"):
                 break
-        busy = _parse((await client.get(server + "/metrics")).text)
+        with trio.move_on_after(2):  # the gauges are the core's latest step report
+            while True:
+                busy = _parse((await client.get(server + "/metrics")).text)
+                if busy["izh:num_requests_running"] == 1:
+                    break
+                await trio.sleep(0.02)
         assert busy["izh:num_requests_running"] == 1, (line, busy)
         assert busy["izh:kv_cache_usage_perc"] > 0
     # leaving the block closed the connection mid-stream
