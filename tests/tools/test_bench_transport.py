@@ -72,3 +72,14 @@ async def test_zmq_skipped_without_pyzmq(tmp_path: Path) -> None:
     assert [(r["mode"], r["status"]) for r in results] == [("saturated", "skipped"),
                                                            ("paced", "skipped")]
     assert "pip install pyzmq" in results[0]["reason"]
+
+
+def test_loopback_floor_is_measured() -> None:
+    """tools/bench_loopback.py times real writes to a reading peer process."""
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_loopback.py"), "--sends",
+                           "200", "--json"],
+                          capture_output=True, text=True, timeout=60, check=True)
+    figures = json.loads(done.stdout)
+    assert figures["sends"] == 200
+    assert 0 < figures["us_per_send_nodelay_1"] < 100_000
+    assert 0 < figures["us_per_send_nodelay_0"] < 100_000
