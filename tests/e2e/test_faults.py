@@ -28,7 +28,10 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-async def test_engine_death_fails_streams_and_health(hf_dir: Path, tmp_path: Path) -> None:
+async def test_engine_death_fails_streams_and_health_then_recovers(hf_dir: Path, tmp_path: Path
+                                                                   ) -> None:
+    """The stream fails at once (in-band 500), health and new requests say 503 while the core
+    is down, the server stays up, and a fresh core is respawned that serves again."""
     port = free_port()
     with running_server(serve_args(hf_dir, port), tmp_path / "log", port=port) as (base, proc):
         child = engine_pid(proc.pid)
@@ -41,7 +44,9 @@ async def test_engine_death_fails_streams_and_health(hf_dir: Path, tmp_path: Pat
                             continue
                         events.append(line)
                         if len(events) == 1:
+                            crashed_at = trio.current_time()
                             os.kill(child, signal.SIGKILL)
+            assert trio.current_time() - crashed_at < 1.0
             assert events[-1] == "data: [DONE]"
             error = json.loads(events[-2].removeprefix("data: "))["error"]
             assert error["code"] == 500 and "engine" in error["message"]
@@ -49,7 +54,14 @@ async def test_engine_death_fails_streams_and_health(hf_dir: Path, tmp_path: Pat
             assert health.status_code == 503 and "error" in health.json()
             r = await client.post(base + "/v1/completions", json={"prompt": "x"})
             assert r.status_code == 503 and r.json()["error"]["code"] == 503
-        assert proc.poll() is None, "the server itself must stay up"
+            assert proc.poll() is None, "the server itself must stay up"
+            with trio.fail_after(30):  # respawned by itself
+                while (await client.get(base + "/health")).status_code != 200:
+                    await trio.sleep(0.1)
+            r = await client.post(base + "/v1/completions", json={"prompt": "x",
+                                                                  "max_tokens": 3})
+            assert r.status_code == 200
+        assert engine_pid(proc.pid) != child
 
 
 def test_engine_exits_when_the_server_is_killed(hf_dir: Path, tmp_path: Path) -> None:
