@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import check, check_cache, check_index, dot_precision, next_pow2
+from kernels._tile import attend_tile
 
 LOG2E = math.log2(math.e)
 
@@ -66,20 +67,11 @@ def _prefill_kernel(
         for kv_tile in range(0, kv_end, BLOCK_N):
             pos = kv_tile + n
             valid = pos < kv_end
-            page = tl.load(table + pos // PAGE, mask=valid, other=0).to(tl.int64)
-            row = (page * stride_cache_block + (pos % PAGE) * stride_cache_tok
-                   + kv_head * stride_cache_h)
-            kv_mask = valid[:, None] & d_ok[None, :]
-            k = tl.load(k_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
-            s = tl.where(valid[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(v_cache_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-            m_i = m_new
+            causal = valid[None, :] & (pos[None, :] <= q_pos[:, None])
+            m_i, l_i, acc = attend_tile(
+                q, m_i, l_i, acc, k_cache_ptr, v_cache_ptr, table, pos, valid, causal,
+                kv_head, d, d_ok, scale_log2, stride_cache_block, stride_cache_tok,
+                stride_cache_h, PAGE, PRECISION)
         o = acc / l_i[:, None]
         tl.store(out_ptr + rows_q[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
                  o.to(out_ptr.dtype.element_ty), mask=io_mask)
