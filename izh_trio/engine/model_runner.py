@@ -16,6 +16,7 @@ import attrs
 import torch
 
 from izh_trio.engine.attention import ChunkSpec, StepAttention, get_backend, in_place_ok
+from izh_trio.engine.cpu_linear import pack_linears
 from izh_trio.engine.loader import Qwen3Config, iter_safetensors, resolve_dtype
 from izh_trio.engine.lora.manager import LoraManager, lora_enabled
 from izh_trio.engine.lora.weights import LoraStep
@@ -66,6 +67,8 @@ class ModelRunner:
             torch.set_default_dtype(previous)
         self.model.load_weights(iter_safetensors(model_dir))
         self.model.eval()
+        if self.device.type == "cpu":
+            log.info("%d linear layers packed for oneDNN", pack_linears(self.model))
         self.lora = (LoraManager(config, cfg, self.dtype, self.device)
                      if lora_enabled(config) else None)
 

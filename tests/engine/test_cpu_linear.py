@@ -1,0 +1,61 @@
+"""Linear layers packed for oneDNN against ``F.linear`` on the same weights, and in the model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from izh_trio.engine import cpu_linear
+from izh_trio.engine.cpu_linear import PackedLinear, pack_linears
+from izh_trio.engine.model_runner import ModelRunner
+from izh_trio.wire import EngineConfig
+
+pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(),
+                                reason="this torch build has no oneDNN: linears stay plain")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_matches_plain_for_any_row_count(dtype: torch.dtype, bias: bool) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 96, bias=bias), nn.Linear(96, 40, bias=bias)).to(dtype)
+    plain = [(m.weight.detach().clone(), None if m.bias is None else m.bias.detach().clone())
+             for m in model]
+    assert pack_linears(model) == 2
+    assert all(isinstance(m, PackedLinear) for m in model)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    for rows in (1, 7, 32, 257):
+        x = torch.randn(rows, 256).to(dtype)
+        want = F.linear(F.linear(x, *plain[0]), *plain[1])
+        got = model(x)
+        assert got.dtype == dtype and got.shape == (rows, 40)
+        assert torch.allclose(got.float(), want.float(), rtol=tol, atol=tol * 10)
+    x3 = torch.randn(2, 5, 256).to(dtype)  # leading batch dims pass through, as for nn.Linear
+    assert model(x3).shape == (2, 5, 40)
+
+
+def test_switch_off_keeps_plain_layers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IZH_ONEDNN_LINEAR", "0")
+    model = nn.Sequential(nn.Linear(8, 8))
+    assert pack_linears(model) == 0 and type(model[0]) is nn.Linear
+
+
+def test_a_disagreeing_pack_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe is what protects the engine from a broken build: a wrong product is refused."""
+    real = torch.ops.mkldnn._reorder_linear_weight
+    monkeypatch.setattr(cpu_linear.torch.ops.mkldnn, "_reorder_linear_weight",
+                        lambda w: real(w * 1.01), raising=False)
+    model = nn.Sequential(nn.Linear(64, 32))
+    assert pack_linears(model) == 0 and type(model[0]) is nn.Linear
+
+
+def test_engine_model_runs_packed(tiny_dir: Path) -> None:
+    """Every linear of the real model on CPU is packed (transformers agreement is checked by
+    ``test_qwen3_vs_transformers`` on this same path)."""
+    model = ModelRunner(EngineConfig(model_dir=str(tiny_dir), num_kv_blocks=8)).model
+    assert not any(type(m) is nn.Linear for m in model.modules())
+    assert sum(isinstance(m, PackedLinear) for m in model.modules()) > 0
