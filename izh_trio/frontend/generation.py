@@ -121,6 +121,11 @@ class Generation:
         self._deadline = deadline  # trio time; inf: none
         self._aborted: str | None = None
 
+    @property
+    def finished(self) -> bool:
+        """Every choice has ended: the next :meth:`next` returns ``[]`` without waiting."""
+        return all(c.done for c in self._choices)
+
     def abort(self, reason: str) -> None:
         """Fail this generation from outside (server drain); the route sees a 503."""
         self._aborted = reason

@@ -184,3 +184,45 @@ async def test_http_1_0_stream_ends_with_the_connection(server: str) -> None:
         data = await _read_to_eof(port, request)
     assert data.startswith(b"HTTP/1.0 200") or data.startswith(b"HTTP/1.1 200")
     assert data.rstrip().endswith(b"data: [DONE]")
+
+
+def _http_chunks(response: bytes) -> list[bytes]:
+    """The chunks of a chunked HTTP/1.1 body, in order (one per write the server made)."""
+    body = response.split(b"\r\n\r\n", 1)[1]
+    chunks = []
+    while True:
+        size_line, body = body.split(b"\r\n", 1)
+        size = int(size_line, 16)
+        if size == 0:
+            return chunks
+        chunks.append(body[:size])
+        body = body[size + 2:]
+
+
+@pytest.mark.parametrize("route", ["completions", "chat/completions"])
+async def test_a_stream_ends_in_one_write(server: str, route: str) -> None:
+    """The last tokens, the usage chunk and ``[DONE]`` leave in one write, not three: every
+    write to a client is a syscall and a wake-up of its reader, per request."""
+    import json
+
+    import trio
+
+    port = int(server.rsplit(":", 1)[1])
+    ask = ({"prompt": [5, 17, 230]} if route == "completions"
+           else {"messages": [{"role": "user", "content": "hi"}]})
+    body = json.dumps({"model": "qwen3-test", "max_tokens": 4, "stream": True,
+                       "ignore_eos": True, "stream_options": {"include_usage": True},
+                       **ask}).encode()
+    request = (b"POST /v1/%s HTTP/1.1\r\nhost: x\r\nconnection: close\r\n"
+               b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+               % (route.encode(), len(body), body))
+    with trio.fail_after(30):
+        chunks = _http_chunks(await _read_to_eof(port, request))
+    events = [e for c in chunks for e in c.split(b"\n\n") if e]
+    assert events[-1] == b"data: [DONE]"
+    usage = json.loads(events[-2].removeprefix(b"data: "))
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 4
+    last = chunks[-1]
+    assert b'"finish_reason":"length"' in last and b'"usage":{' in last
+    assert last.endswith(b"data: [DONE]\n\n")
+    assert len(chunks) <= 4  # at most one write per engine step, the last one shared

@@ -208,13 +208,14 @@ async def _stream(
             body["usage"] = None  # as OpenAI: the totals come in a last chunk
         return sse.event(body)
 
+    pending: list[bytes] = []  # events of this wake-up, sent as one write
     try:
         async with open_generation(server, job) as gen:
             while deltas := await gen.next():
                 for d in deltas:
                     out = outs[d.index]
                     if d.first:  # OpenAI opens every choice with the role
-                        yield chunk(d.index, {"role": "assistant", "content": ""})
+                        pending.append(chunk(d.index, {"role": "assistant", "content": ""}))
                     n_calls = len(out.calls)
                     events = out.fold(d)
                     lps = ({"content": chat_logprobs(text_of, d.logprobs or [])}
@@ -222,21 +223,27 @@ async def _stream(
                     for e in events:
                         if e.kind == "tool_call":
                             for part in _call_deltas(n_calls, e.call):
-                                yield chunk(d.index, {"tool_calls": [part]})
+                                pending.append(chunk(d.index, {"tool_calls": [part]}))
                             n_calls += 1
                         else:
                             key = "content" if e.kind == "content" else "reasoning_content"
-                            yield chunk(d.index, {key: e.text}, lps)
+                            pending.append(chunk(d.index, {key: e.text}, lps))
                             lps = None
                     if lps and lps["content"]:  # tokens whose text is still held back
-                        yield chunk(d.index, {"content": ""}, lps)
+                        pending.append(chunk(d.index, {"content": ""}, lps))
                     if d.finish_reason is not None:
-                        yield chunk(d.index, {}, None, out.finish_reason, out.stop_reason)
+                        pending.append(chunk(d.index, {}, None, out.finish_reason,
+                                             out.stop_reason))
+                if pending and not gen.finished:  # the last ones go out with [DONE]
+                    yield b"".join(pending)
+                    pending.clear()
         if opts and opts.include_usage:
-            yield sse.event({**head, "choices": [], "usage": _usage(outs, prompt_len)})
+            pending.append(sse.event({**head, "choices": [],
+                                      "usage": _usage(outs, prompt_len)}))
     except APIError as exc:  # the status line is gone: report in-band, then end the stream
-        yield sse.event(exc.body())
-    yield sse.DONE
+        pending.append(sse.event(exc.body()))
+    pending.append(sse.DONE)
+    yield b"".join(pending)
 
 
 def _call_deltas(index: int, call: ToolCall) -> list[dict[str, Any]]:

@@ -154,6 +154,7 @@ async def _stream(
     head: dict[str, Any], render: _Renderer,
 ) -> AsyncIterator[bytes]:
     opts = req.stream_options
+    pending: list[bytes] = []  # events of this wake-up, sent as one write
     try:
         async with open_generation(server, job) as gen:
             while deltas := await gen.next():
@@ -169,10 +170,14 @@ async def _stream(
                         chunk["usage"] = _usage(outs, req.n)
                     elif opts and opts.include_usage:
                         chunk["usage"] = None  # as OpenAI: the totals come in a last chunk
-                    yield sse.event(chunk)
+                    pending.append(sse.event(chunk))
+                if pending and not gen.finished:  # the last ones go out with [DONE]
+                    yield b"".join(pending)
+                    pending.clear()
         if opts and opts.include_usage:
-            yield sse.event({**head, "choices": [], "usage": _usage(outs, req.n)})
+            pending.append(sse.event({**head, "choices": [], "usage": _usage(outs, req.n)}))
     except APIError as exc:  # the status line is gone: report in-band, then end the stream
-        yield sse.event(exc.body())
-    yield sse.DONE
+        pending.append(sse.event(exc.body()))
+    pending.append(sse.DONE)
+    yield b"".join(pending)
 
