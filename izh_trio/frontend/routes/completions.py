@@ -40,7 +40,7 @@ bp = Blueprint("completions", __name__)
 @attrs.define
 class _Prompt:
     ids: list[int]
-    text: str
+    text: str  # "" for an id prompt unless echo shows it
 
 
 @attrs.define
@@ -73,7 +73,9 @@ async def completions() -> Any:
     for p in req.prompt:
         ids = server.tokenizer.encode(p) if isinstance(p, str) else p
         check_prompt(server, ids)
-        prompts.append(_Prompt(ids, p if isinstance(p, str) else server.tokenizer.decode(ids)))
+        # The prompt's text is only shown by echo: don't decode id prompts for nothing.
+        text = p if isinstance(p, str) else server.tokenizer.decode(ids) if req.echo else ""
+        prompts.append(_Prompt(ids, text))
     constraint = await checked_constraint(server, body)
     # echo + logprobs reports the prompt's tokens too, so the engine must score them.
     prompt_lp = req.prompt_logprobs
