@@ -17,18 +17,11 @@ and leaves the other cores to serving. Compiled once per machine with the system
 from __future__ import annotations
 
 import ctypes
-import fcntl
-import hashlib
-import logging
 import os
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import torch
 
-log = logging.getLogger(__name__)
+from izh_trio.engine import cbuild
 
 _SOURCE = r"""
 #include <math.h>
@@ -283,41 +276,22 @@ _lib: ctypes.CDLL | bool | None = None  # None: not tried yet; False: unavailabl
 
 
 def _build() -> ctypes.CDLL | bool:
-    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-    if os.environ.get("IZH_CPU_ATTENTION", "1") == "0" or compiler is None:
+    if os.environ.get("IZH_CPU_ATTENTION", "1") == "0":
         return False
-    digest = hashlib.sha256((_SOURCE + compiler).encode()).hexdigest()[:16]
-    cache = Path(os.environ.get("IZH_CACHE_DIR", Path.home() / ".cache" / "izh_trio"))
-    cache.mkdir(parents=True, exist_ok=True)
-    target = cache / f"cpu_attention-{digest}.so"
-    with open(cache / "cpu_attention.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one compile per machine, however many engines
-        if not target.exists():
-            with tempfile.TemporaryDirectory(dir=cache) as tmp:
-                src, so = Path(tmp) / "attn.c", Path(tmp) / "attn.so"
-                src.write_text(_SOURCE)
-                flags = ["-O3", "-march=native", "-fopenmp-simd", "-shared", "-fPIC"]
-                done = subprocess.run([compiler, *flags, str(src), "-o", str(so), "-lm"],
-                                      capture_output=True, text=True)
-                if done.returncode != 0:
-                    log.warning("CPU attention kernel did not compile; using torch's: %s",
-                                done.stderr[-500:])
-                    return False
-                os.replace(so, target)
-    lib = ctypes.CDLL(str(target))
+    lib = cbuild.build("cpu_attention", _SOURCE, label="CPU attention kernel")
+    if lib is None:
+        return False
     lib.paged_decode.restype = None
     lib.paged_decode.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float]
     return lib
 
 
 def available() -> bool:
+    """Whether the kernel is built (compiling it on the first ask); False with
+    ``IZH_CPU_ATTENTION=0`` or no compiler."""
     global _lib
     if _lib is None:
-        try:
-            _lib = _build()
-        except OSError as exc:
-            log.warning("CPU attention kernel unavailable: %s", exc)
-            _lib = False
+        _lib = _build()
     return _lib is not False
 
 

@@ -3,6 +3,10 @@
 Embedding -> N x [RMSNorm -> attention (q/k RMSNorm, RoPE, GQA, paged KV) -> residual ->
 RMSNorm -> SwiGLU MLP -> residual] -> RMSNorm -> LM head (tied or not). Arithmetic follows
 Hugging Face's implementation step for step so that fp32 logits agree to rounding.
+
+In fp32 on CPU with the torch attention backend, the norms, RoPE and the KV store run as
+compiled C loops instead (``cpu_fused.py``: the same arithmetic, a few calls a layer instead
+of some sixty small torch ops); ``Qwen3ForCausalLM`` decides that once, at construction.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from izh_trio.engine import cpu_fused
 from izh_trio.engine.attention import TORCH_BACKEND, AttentionBackend
 from izh_trio.engine.loader import CheckpointError, Qwen3Config
 
@@ -22,16 +27,27 @@ if TYPE_CHECKING:
 
 
 class RMSNorm(nn.Module):
+    fused = False  # the compiled CPU kernel does it (set by Qwen3ForCausalLM)
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused:
+            return cpu_fused.rms_norm(x, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
+
+    def add(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual add before the norm: ``h = residual + x`` and ``norm(h)``."""
+        if self.fused:
+            return cpu_fused.add_rms_norm(x, residual, self.weight, self.eps)
+        h = residual + x
+        return h, self(h)
 
 
 class RotaryEmbedding(nn.Module):
@@ -63,6 +79,8 @@ def apply_rope(x: torch.Tensor, rotation: Rotation) -> torch.Tensor:
 
 
 class Attention(nn.Module):
+    fused = False  # norms, RoPE and the KV store in one compiled CPU call (see the model)
+
     def __init__(self, cfg: Qwen3Config, backend: AttentionBackend, layer_idx: int = 0) -> None:
         super().__init__()
         self.backend = backend
@@ -87,16 +105,30 @@ class Attention(nn.Module):
         qkv = self.qkv_proj(x)
         if lora is not None:
             lora.add(self.layer_idx, "qkv_proj", x, qkv)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = apply_rope(self.q_norm(q.view(t, self.num_heads, self.head_dim)), rotation)
-        k = apply_rope(self.k_norm(k.view(t, self.num_kv_heads, self.head_dim)), rotation)
-        v = v.view(t, self.num_kv_heads, self.head_dim)
-        self.backend.store_kv(k, v, *kv_cache, meta.slot_mapping)
+        q, k, v = self.norm_rope_store(qkv, rotation, kv_cache, meta.slot_mapping)
         out = self.backend.paged_attention(q, k, v, *kv_cache, meta, self.scale)
         out = out.reshape(t, self.q_size)
         if lora is None:
             return self.o_proj(out)
         return lora.add(self.layer_idx, "o_proj", out, self.o_proj(out))
+
+    def norm_rope_store(
+        self, qkv: torch.Tensor, rotation: Rotation, kv_cache: tuple[torch.Tensor, torch.Tensor],
+        slot_mapping: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q and k normed per head and rotated, k and v stored in the cache: q [T, H_q, D],
+        k and v [T, H_kv, D] for the attention over this step's own tokens."""
+        if self.fused:  # q_norm and k_norm share the config's eps
+            return cpu_fused.qk_norm_rope_store(
+                qkv, self.num_heads, self.num_kv_heads, self.q_norm.weight, self.k_norm.weight,
+                self.q_norm.eps, *rotation, *kv_cache, slot_mapping)
+        t = qkv.shape[0]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = apply_rope(self.q_norm(q.view(t, self.num_heads, self.head_dim)), rotation)
+        k = apply_rope(self.k_norm(k.view(t, self.num_kv_heads, self.head_dim)), rotation)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        self.backend.store_kv(k, v, *kv_cache, slot_mapping)
+        return q, k, v
 
 
 class MLP(nn.Module):
@@ -127,8 +159,9 @@ class DecoderLayer(nn.Module):
         self, h: torch.Tensor, rotation: Rotation, meta: Any,
         kv_cache: tuple[torch.Tensor, torch.Tensor], lora: LoraStep | None = None,
     ) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), rotation, meta, kv_cache, lora)
-        return h + self.mlp(self.post_attention_layernorm(h), lora)
+        attn = self.self_attn(self.input_layernorm(h), rotation, meta, kv_cache, lora)
+        h, normed = self.post_attention_layernorm.add(attn, h)
+        return h + self.mlp(normed, lora)
 
 
 class Qwen3ForCausalLM(nn.Module):
@@ -144,6 +177,18 @@ class Qwen3ForCausalLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        self.fused = self._use_cpu_kernels(attention)
+
+    def _use_cpu_kernels(self, attention: AttentionBackend) -> bool:
+        """The one switch to the compiled kernels: fp32 on CPU (where the model is built) with
+        the torch attention backend, whose KV store the kernel takes over."""
+        weight = self.embed_tokens.weight
+        fused = (attention is TORCH_BACKEND and weight.device.type == "cpu"
+                 and weight.dtype == torch.float32 and cpu_fused.available())
+        for module in self.modules():
+            if isinstance(module, RMSNorm | Attention):
+                module.fused = fused
+        return fused
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: Any,

@@ -1,0 +1,164 @@
+"""The fused CPU elementwise kernels against the torch ops of the model they replace.
+
+The references are the model's own modules and functions (``qwen3.RMSNorm``, ``apply_rope``,
+``attention.store_kv``), so a change on either side shows here. The kernels round every
+product as torch does; only the order of a norm's sum of squares differs, hence the tight
+tolerance. The whole model on the kernels is checked against transformers by
+``test_qwen3_vs_transformers.py``; here it is checked against the engine's own torch path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from izh_trio.engine import cpu_fused
+from izh_trio.engine.attention import store_kv
+from izh_trio.engine.models.qwen3 import RMSNorm, RotaryEmbedding, apply_rope
+
+pytestmark = pytest.mark.skipif(not cpu_fused.available(),
+                                reason="no C compiler: the engine uses the torch ops")
+
+RTOL, ATOL = 1e-6, 1e-6  # a few ulp on unit-scale values
+EPS = 1e-6
+
+
+def _norm(dim: int, g: torch.Generator) -> RMSNorm:
+    norm = RMSNorm(dim, EPS)
+    norm.weight.data = torch.randn(dim, generator=g)  # not ones: the weight must be applied
+    return norm
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> None:
+    assert got.dtype == torch.float32 and got.shape == want.shape
+    torch.testing.assert_close(got, want.detach(), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 32, 257])
+@pytest.mark.parametrize("dim", [256, 100, 1024])
+def test_rms_norm(tokens: int, dim: int) -> None:
+    g = torch.Generator().manual_seed(tokens * dim)
+    norm = _norm(dim, g)
+    x = torch.randn(tokens, dim, generator=g) * 3
+    _close(cpu_fused.rms_norm(x, norm.weight, EPS), norm(x))
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 32, 257])
+@pytest.mark.parametrize("dim", [256, 100])
+def test_add_rms_norm(tokens: int, dim: int) -> None:
+    g = torch.Generator().manual_seed(tokens + dim)
+    norm = _norm(dim, g)
+    x, residual = torch.randn(tokens, dim, generator=g), torch.randn(tokens, dim, generator=g)
+    h, normed = cpu_fused.add_rms_norm(x, residual, norm.weight, EPS)
+    assert torch.equal(h, residual + x)  # one rounding either way
+    _close(normed, norm(residual + x))
+
+
+def _qk_case(tokens: int, h_q: int, h_kv: int, d: int, block_size: int = 16
+             ) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(tokens * 1000 + h_q * 100 + d)
+    qkv = torch.randn(tokens, (h_q + 2 * h_kv) * d, generator=g) * 2
+    # Positions far apart, so each token's cos/sin row differs.
+    positions = torch.randint(0, 8192, (tokens,), generator=g)
+    cos, sin = RotaryEmbedding(d, 1e6, 8192).table(positions, torch.float32)
+    blocks = tokens // block_size + 5
+    k_cache = torch.randn(blocks, block_size, h_kv, d, generator=g)
+    v_cache = torch.randn(blocks, block_size, h_kv, d, generator=g)
+    slots = torch.randperm(blocks * block_size, generator=g)[:tokens]  # anywhere in the cache
+    return qkv, cos, sin, k_cache, v_cache, slots
+
+
+@pytest.mark.parametrize("tokens", [1, 2, 7, 32, 130])
+@pytest.mark.parametrize(("h_q", "h_kv"), [(4, 2), (8, 2), (2, 2)])
+@pytest.mark.parametrize("d", [64, 128, 32, 80])
+def test_qk_norm_rope_store(tokens: int, h_q: int, h_kv: int, d: int) -> None:
+    """Head dims of 64 and 128 run the kernel's specialised copies, 32 and 80 the general
+    one; the untouched slots of the caches must stay as they were."""
+    qkv, cos, sin, k_cache, v_cache, slots = _qk_case(tokens, h_q, h_kv, d)
+    g = torch.Generator().manual_seed(d)
+    q_norm, k_norm = _norm(d, g), _norm(d, g)
+    want_k_cache, want_v_cache = k_cache.clone(), v_cache.clone()
+    q_ref, k_ref, v_ref = qkv.split([h_q * d, h_kv * d, h_kv * d], dim=-1)
+    q_ref = apply_rope(q_norm(q_ref.view(tokens, h_q, d)), (cos, sin))
+    k_ref = apply_rope(k_norm(k_ref.view(tokens, h_kv, d)), (cos, sin))
+    v_ref = v_ref.view(tokens, h_kv, d)
+    store_kv(k_ref.detach(), v_ref, want_k_cache, want_v_cache, slots)
+
+    q, k, v = cpu_fused.qk_norm_rope_store(qkv, h_q, h_kv, q_norm.weight, k_norm.weight, EPS,
+                                           cos, sin, k_cache, v_cache, slots)
+    _close(q, q_ref)
+    _close(k, k_ref)
+    assert torch.equal(v, v_ref) and q.is_contiguous() and k.is_contiguous()
+    _close(k_cache, want_k_cache)
+    assert torch.equal(k_cache.view(-1, h_kv, d)[slots], k)  # stored is what it returns
+    assert torch.equal(v_cache, want_v_cache)
+
+
+def test_slot_outside_the_cache_raises() -> None:
+    qkv, cos, sin, k_cache, v_cache, slots = _qk_case(4, 4, 2, 64)
+    w = torch.ones(64)
+    for bad in (-1, k_cache.shape[0] * k_cache.shape[1]):
+        slots[2] = bad
+        with pytest.raises(IndexError, match="1 of 4 KV slots"):
+            cpu_fused.qk_norm_rope_store(qkv, 4, 2, w, w, EPS, cos, sin, k_cache, v_cache, slots)
+
+
+@pytest.mark.parametrize("why", ["no library", "float64"])
+def test_falls_back_to_torch(why: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the library, or for other dtypes, the wrappers run the same ops in torch."""
+    qkv, cos, sin, k_cache, v_cache, slots = _qk_case(5, 4, 2, 64)
+    g = torch.Generator().manual_seed(1)
+    w, x, res = torch.randn(64, generator=g), torch.randn(5, 64, generator=g), torch.randn(5, 64)
+    want_norm, want_add = cpu_fused.rms_norm(x, w, EPS), cpu_fused.add_rms_norm(x, res, w, EPS)
+    want_qk = cpu_fused.qk_norm_rope_store(qkv, 4, 2, w, w, EPS, cos, sin, k_cache.clone(),
+                                           v_cache.clone(), slots)
+    if why == "no library":
+        monkeypatch.setattr(cpu_fused, "_lib", False)
+
+    def cast(t: torch.Tensor) -> torch.Tensor:
+        return t.double() if why == "float64" else t
+
+    got_qk = cpu_fused.qk_norm_rope_store(cast(qkv), 4, 2, cast(w), cast(w), EPS, cast(cos),
+                                          cast(sin), cast(k_cache), cast(v_cache), slots)
+    for got, want in [(cpu_fused.rms_norm(cast(x), cast(w), EPS), want_norm),
+                      *zip(cpu_fused.add_rms_norm(cast(x), cast(res), cast(w), EPS), want_add,
+                           strict=True),
+                      *zip(got_qk, want_qk, strict=True)]:
+        torch.testing.assert_close(got.float(), want, rtol=RTOL, atol=ATOL)
+
+
+def test_engine_logits_same_with_and_without_kernels(tiny_dir: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prefill then decode steps of the whole engine, on the kernels and on torch's ops."""
+    from izh_trio.engine.core import EngineCore
+    from izh_trio.engine.model_runner import StepLogits
+    from izh_trio.engine.scheduler import ScheduledSeq
+    from izh_trio.wire import AddRequest, EngineConfig, SamplingParams
+
+    def run() -> tuple[bool, list[torch.Tensor]]:
+        core = EngineCore(EngineConfig(model_dir=str(tiny_dir), num_kv_blocks=64, block_size=4))
+        params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+        for i, ids in enumerate([[5, 77, 300, 12, 9], [1500, 3], list(range(40, 70))]):
+            assert core.add_request(AddRequest(f"r{i}", ids, params)) is None
+        logits: list[torch.Tensor] = []
+        execute = core.runner.execute
+
+        def recording(batch: list[ScheduledSeq]) -> StepLogits:
+            out = execute(batch)
+            logits.append(out.sample.clone())
+            return out
+
+        monkeypatch.setattr(core.runner, "execute", recording)
+        while core.has_work:
+            core.step()
+        return core.runner.model.fused, logits
+
+    fused, with_kernels = run()
+    assert fused
+    monkeypatch.setattr(cpu_fused, "_lib", False)
+    fused, with_torch = run()
+    assert not fused and len(with_torch) == len(with_kernels)
+    for a, b in zip(with_kernels, with_torch, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
