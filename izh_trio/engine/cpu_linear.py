@@ -3,10 +3,13 @@
 ``F.linear`` on CPU re-reads a plain row-major weight at every call; oneDNN's matmul on a
 weight reordered once at load time runs the same fp32 arithmetic 9-26 % faster for 8 to 1,024
 rows here (a decode step has one row per sequence; ``tools/bench_cpu_linear.py``), ~107 GFLOPS
-on one Zen 4 core at 256 rows. A single row is ~12 % slower (~17 µs per step on the benchmark
-checkpoint); keeping a plain copy for that case would double the weights' memory, so it is not
-kept. Weights never change after loading (LoRA adds its own low-rank term beside the base
-layer), so packing once is safe.
+on one Zen 4 core at 256 rows, and a whole engine step 20-40 % faster at 2 to 256 sequences.
+A single row is the exception: a lone sequence's decode step took 0.84 ms packed against
+0.65 ms with ``F.linear`` (MKL's GEMV streams a plain weight better), which is a single
+stream's latency. So a model whose linear weights are small (``PLAIN_COPY_LIMIT``) keeps the
+plain copy too, for one-row calls; a larger one is packed only, rather than doubling its
+weights' memory. Weights never change after loading (LoRA adds its own low-rank term beside
+the base layer), so packing once is safe.
 
 Packing is checked before it is trusted: a layer is only swapped when the packed product of a
 probe input matches ``F.linear``'s; any build without oneDNN, or any dtype it cannot serve,
@@ -25,26 +28,33 @@ from torch import nn
 log = logging.getLogger(__name__)
 
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
+#: Up to this many bytes of plain linear weights, a plain copy is kept for one-row calls.
+PLAIN_COPY_LIMIT = 256 << 20
 
 
 class PackedLinear(nn.Module):
-    """``y = x @ W.T + b`` with ``W`` held only in oneDNN's layout (the plain copy is freed)."""
+    """``y = x @ W.T + b`` with ``W`` in oneDNN's layout, and in plain layout too when
+    ``plain`` is given (then used for one-row inputs)."""
 
     def __init__(self, packed: torch.Tensor, bias: torch.Tensor | None,
-                 in_features: int, out_features: int) -> None:
+                 in_features: int, out_features: int, plain: torch.Tensor | None = None
+                 ) -> None:
         super().__init__()
         self.packed = packed
+        self.plain = plain
         self.bias = bias
         self.in_features, self.out_features = in_features, out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.plain is not None and x.numel() == self.in_features:
+            return F.linear(x, self.plain, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN"
 
 
-def _pack(linear: nn.Linear) -> PackedLinear | None:
+def _pack(linear: nn.Linear, keep_plain: bool) -> PackedLinear | None:
     weight = linear.weight.detach()
     bias = linear.bias.detach() if linear.bias is not None else None
     try:
@@ -60,6 +70,8 @@ def _pack(linear: nn.Linear) -> PackedLinear | None:
     if not torch.allclose(got, want, rtol=tol, atol=tol * want.abs().max().item()):
         log.warning("oneDNN linear disagrees with torch's on a probe; using torch's")
         return None
+    if keep_plain:
+        layer.plain = weight
     return layer
 
 
@@ -70,10 +82,11 @@ def pack_linears(model: nn.Module) -> int:
     targets = [(name, module) for name, module in model.named_modules()
                if type(module) is nn.Linear and module.weight.device.type == "cpu"
                and module.weight.dtype in PACKABLE_DTYPES]
+    keep_plain = sum(m.weight.nbytes for _, m in targets) <= PLAIN_COPY_LIMIT
     swapped = 0
     with torch.no_grad():
         for name, linear in targets:
-            layer = _pack(linear)
+            layer = _pack(linear, keep_plain)
             if layer is None:
                 return swapped  # the same build fails the same way for the rest
             parent_name, _, attr = name.rpartition(".")

@@ -59,3 +59,25 @@ def test_engine_model_runs_packed(tiny_dir: Path) -> None:
     model = ModelRunner(EngineConfig(model_dir=str(tiny_dir), num_kv_blocks=8)).model
     assert not any(type(m) is nn.Linear for m in model.modules())
     assert sum(isinstance(m, PackedLinear) for m in model.modules()) > 0
+
+
+def test_one_row_runs_on_the_plain_copy_of_a_small_model(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """A lone sequence's step is faster on MKL's GEMV: small models keep the plain weight for
+    one-row calls; above the limit only the packed weight is kept (no doubled memory)."""
+    torch.manual_seed(0)
+    small = nn.Sequential(nn.Linear(64, 32))
+    w = small[0].weight.detach().clone()
+    assert pack_linears(small) == 1 and small[0].plain is not None
+    calls, linear = [], F.linear
+    monkeypatch.setattr(cpu_linear.F, "linear", lambda *a: calls.append(1) or linear(*a))
+    x = torch.randn(1, 64)
+    assert torch.allclose(small(x), x @ w.T + small[0].bias, atol=1e-5) and calls == [1]
+    small(torch.randn(3, 64))
+    assert calls == [1]  # more rows: the packed weight
+    monkeypatch.setattr(cpu_linear, "PLAIN_COPY_LIMIT", 0)
+    big = nn.Sequential(nn.Linear(64, 32))
+    assert pack_linears(big) == 1 and big[0].plain is None
+    calls.clear()  # the pack's own probe ran F.linear once
+    big(x)
+    assert calls == []
