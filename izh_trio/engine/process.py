@@ -12,6 +12,8 @@ spawns processes from a worker thread that its thread cache retires after a few 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import gc
 import json
 import logging
@@ -62,7 +64,33 @@ class _Writer:
             view = view[os.write(self.fd, view) :]
 
 
+#: glibc ``mallopt`` parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+
+
+def keep_freed_memory() -> bool:
+    """Let glibc keep the step's activations' memory between steps instead of handing it
+    back to the kernel: by default a tensor over 128 KiB is a fresh ``mmap`` (and ``brk``
+    trims the heap's top), so every step page-faults its activations in again. On this VM a
+    32-prompt prefill step went from ~45 to ~40 ms (SiLU and its product, which touch fresh
+    outputs, halved). Blocks up to 32 MiB (glibc's ceiling) come from the heap, which is
+    never trimmed below 1 GiB; the engine's memory then stays at its peak, as a server's
+    does anyway. No-op where the C library is not glibc."""
+    libc_name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(libc_name) if libc_name else None
+        mallopt = libc.mallopt if libc is not None else None
+    except (OSError, AttributeError):
+        return False
+    if mallopt is None:
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, 32 << 20)) and bool(mallopt(_M_TRIM_THRESHOLD,
+                                                                         1 << 30))
+
+
 def serve(config: EngineConfig, in_fd: int, out_fd: int) -> int:
+    if config.device.startswith("cpu"):
+        keep_freed_memory()  # before torch allocates anything
     from izh_trio.engine.core import EngineCore  # torch loads here, after the fds are safe
 
     out = _Writer(out_fd)
