@@ -15,8 +15,9 @@ signature: ``store_kv(k, v, k_cache, v_cache, slot_mapping)`` and
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 import torch
@@ -25,9 +26,9 @@ import torch.nn.functional as F
 from izh_trio.engine import cpu_attention
 
 
-@attrs.frozen
-class ChunkSpec:
-    """One sequence's share of a step, as plain ints (no tensors yet)."""
+class ChunkSpec(NamedTuple):
+    """One sequence's share of a step, as plain ints (no tensors yet). A named tuple: one is
+    built per sequence per step, and it builds in half an attrs class's time."""
 
     query_start: int  # offset in the flattened step
     query_len: int
@@ -78,24 +79,35 @@ def in_place_ok() -> bool:
     return cpu_attention.available()
 
 
+def long_tensor(values: list[int], device: torch.device) -> torch.Tensor:
+    """An int64 tensor of ``values``. Through ``array``, ~3x faster than ``torch.tensor`` on a
+    list of ints (it inspects each one): this runs several times every step."""
+    if not values:
+        return torch.empty(0, dtype=torch.long, device=device)
+    return torch.frombuffer(array("q", values), dtype=torch.long).to(device)
+
+
 def build_metadata(step: StepAttention, device: torch.device, num_kv_heads: int = 1
                    ) -> AttentionMetadata:
     chunks = tuple(
         PrefillChunk(query_start=c.query_start, query_len=c.query_len, context_len=c.context_len,
-                     block_table=torch.tensor(c.block_table, dtype=torch.long, device=device))
+                     block_table=long_tensor(c.block_table, device))
         for c in step.prefills
     )
     decode_tables = decode_bias = ctx = None
     in_place = bool(step.decodes) and device.type == "cpu" and in_place_ok()
     if step.decodes:
         width = max(len(c.block_table) for c in step.decodes)
-        tables = [c.block_table + [0] * (width - len(c.block_table)) for c in step.decodes]
-        decode_tables = torch.tensor(tables, dtype=torch.long, device=device)
-        ctx = torch.tensor([c.context_len for c in step.decodes], device=device)
+        flat: list[int] = []  # the tables, each padded with block 0 to ``width``
+        for c in step.decodes:
+            flat += c.block_table
+            flat += [0] * (width - len(c.block_table))
+        decode_tables = long_tensor(flat, device).view(len(step.decodes), width)
+        ctx = long_tensor([c.context_len for c in step.decodes], device)
     if step.decodes and not in_place:  # the in-place kernel stops at each context itself
         decode_bias = _decode_bias(ctx, width * step.block_size)
     return AttentionMetadata(
-        slot_mapping=torch.tensor(step.slots, dtype=torch.long, device=device),
+        slot_mapping=long_tensor(step.slots, device),
         prefills=chunks,
         num_prefill_tokens=step.num_prefill_tokens,
         decode_block_tables=decode_tables,

@@ -124,11 +124,17 @@ class BlockManager:
 
     # ------------------------------------------------------------------ allocation
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
-        """Grow the block table to hold ``num_new_tokens`` more; all or nothing."""
+        """Grow the block table to hold ``num_new_tokens`` more; all or nothing.
+
+        Called for every scheduled sequence every step, but a decode needs a new block only
+        once every ``block_size`` tokens: the common case returns at once.
+        """
         need = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
+        if need <= 0:
+            return True
         if need > len(self._free):
             return False
-        for _ in range(max(need, 0)):
+        for _ in range(need):
             block_id, _ = self._free.popitem(last=False)
             block = self.blocks[block_id]
             if block.hash is not None:  # evict it from the prefix cache

@@ -27,6 +27,7 @@ from izh_trio.wire import (
     RequestFailed,
     RequestOutput,
     Stats,
+    TokenLogprobs,
     UnloadLora,
 )
 
@@ -161,41 +162,44 @@ class EngineCore:
         step = self.runner.execute(batch)
         seqs = [item.seq for item in step.sampling]
         sampled = self.sampler.sample(step.sample, seqs)
-        by_seq = dict(zip(seqs, zip(sampled.token_ids, sampled.logprobs, strict=True),
+        tokens = dict(zip(seqs, zip(sampled.token_ids, sampled.logprobs, strict=True),
                           strict=True))
         for seq, logits in step.prompt.items():
             self._score_prompt(seq, logits)
         self.num_steps += 1
         outputs = []
-        for item in batch:
-            seq = item.seq
-            token, logprobs = by_seq.get(seq, (None, None))
+        for item in batch:  # in schedule order, as the outputs go out
+            token, logprobs = tokens.get(item.seq, (None, None))
             reason = self.scheduler.advance(item, token)
-            if token is None:
-                continue
-            if self.guided.accept(seq.request_id, token) and reason is None:
-                reason = FinishReason.STOP  # the grammar is complete: nothing more may follow
-            self.generation_tokens_total += 1
-            first = seq.num_emitted == 0
-            if first:
-                self.prompt_tokens_total += seq.num_prompt_tokens
-            if reason is not None:
-                self.scheduler.finish(seq, reason)
-                self._forget(seq.request_id)
-            outputs.append(RequestOutput(
-                request_id=seq.request_id,
-                new_token_ids=seq.token_ids[seq.num_prompt_tokens + seq.num_emitted :],
-                num_prompt_tokens=seq.num_prompt_tokens,
-                num_output_tokens=seq.num_output_tokens,
-                num_cached_tokens=seq.num_cached_tokens,
-                finish_reason=reason,
-                stop_token_id=seq.stop_token_id,
-                logprobs=(logprobs,) if logprobs is not None else None,
-                prompt_logprobs=(tuple(seq.prompt_logprobs)
-                                 if first and seq.params.prompt_logprobs is not None else None),
-            ))
-            seq.num_emitted = seq.num_output_tokens
+            if token is not None:
+                outputs.append(self._emit(item.seq, token, logprobs, reason))
         return outputs
+
+    def _emit(self, seq: Sequence, token: int, logprobs: TokenLogprobs | None,
+              reason: FinishReason | None) -> RequestOutput:
+        """Report the token a step sampled (the only new one); retire the sequence if done."""
+        if self.guided.accept(seq.request_id, token) and reason is None:
+            reason = FinishReason.STOP  # the grammar is complete: nothing more may follow
+        num_output = len(seq.token_ids) - seq.num_prompt_tokens
+        first = num_output == 1
+        self.generation_tokens_total += 1
+        if first:
+            self.prompt_tokens_total += seq.num_prompt_tokens
+        if reason is not None:
+            self.scheduler.finish(seq, reason)
+            self._forget(seq.request_id)
+        return RequestOutput(
+            request_id=seq.request_id,
+            new_token_ids=(token,),
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_output_tokens=num_output,
+            num_cached_tokens=seq.num_cached_tokens,
+            finish_reason=reason,
+            stop_token_id=seq.stop_token_id,
+            logprobs=(logprobs,) if logprobs is not None else None,
+            prompt_logprobs=(tuple(seq.prompt_logprobs)
+                             if first and seq.params.prompt_logprobs is not None else None),
+        )
 
     def _score_prompt(self, seq: Sequence, logits: torch.Tensor) -> None:
         """Logprobs of the prompt tokens this chunk's logits predict (called before advance)."""

@@ -15,7 +15,13 @@ from pathlib import Path
 import attrs
 import torch
 
-from izh_trio.engine.attention import ChunkSpec, StepAttention, get_backend, in_place_ok
+from izh_trio.engine.attention import (
+    ChunkSpec,
+    StepAttention,
+    get_backend,
+    in_place_ok,
+    long_tensor,
+)
 from izh_trio.engine.cpu_linear import pack_linears
 from izh_trio.engine.loader import Qwen3Config, iter_safetensors, resolve_dtype
 from izh_trio.engine.lora.manager import LoraManager, lora_enabled
@@ -37,7 +43,7 @@ class _StepInputs:
     positions: list[int]
     attention: StepAttention
     sample_rows: list[int]
-    sampling: list[ScheduledSeq]
+    sampling: list[ScheduledSeq]  # the items of ``sample_rows``, in order
     #: (seq, first row, rows) whose logits score the prompt's own next tokens
     prompt_rows: list[tuple[Sequence, int, int]]
     #: (LoRA slot, first row, rows) of each sequence that runs with an adapter
@@ -172,6 +178,8 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ a step
     def _prepare(self, batch: list[ScheduledSeq]) -> _StepInputs:
+        """Flatten the step into plain lists, in one pass: prefill chunks first, then decodes
+        (one-token chunks), as attention wants them."""
         bs = self.block_size
         prefills = [item for item in batch if item.num_new_tokens > 1]
         decodes = [item for item in batch if item.num_new_tokens == 1]
@@ -181,33 +189,38 @@ class ModelRunner:
         prefill_chunks: list[ChunkSpec] = []
         decode_chunks: list[ChunkSpec] = []
         sample_rows: list[int] = []
+        sampling: list[ScheduledSeq] = []
         prompt_rows: list[tuple[Sequence, int, int]] = []
         lora_spans: list[tuple[int, int, int]] = []
         for item in prefills + decodes:
-            seq, start, n = item.seq, item.seq.num_computed_tokens, item.num_new_tokens
-            table = seq.block_table
-            chunk = ChunkSpec(query_start=len(input_ids), query_len=n, context_len=start + n,
-                              block_table=table[: -(-(start + n) // bs)])
-            (prefill_chunks if n > 1 else decode_chunks).append(chunk)
-            wants_prompt = (seq.params.prompt_logprobs is not None and seq.num_emitted == 0
-                            and start < seq.num_prompt_tokens - 1)
-            if wants_prompt:
-                prompt_rows.append((seq, len(input_ids),
-                                    min(start + n, seq.num_prompt_tokens - 1) - start))
-            if seq.lora_slot is not None:
-                lora_spans.append((seq.lora_slot, len(input_ids), n))
-            input_ids += seq.token_ids[start : start + n]
-            span = range(start, start + n)
-            positions += span
-            slots += [table[p // bs] * bs + p % bs for p in span]
+            seq, n = item.seq, item.num_new_tokens
+            start, end, row = seq.num_computed_tokens, seq.num_computed_tokens + n, len(input_ids)
+            table = seq.block_table  # the scheduler sized it to cover ``end`` tokens exactly
+            if n == 1:  # a decode, most of every step: no slices, ranges or comprehensions
+                decode_chunks.append(ChunkSpec(row, 1, end, table))
+                input_ids.append(seq.token_ids[start])
+                positions.append(start)
+                slots.append(table[start // bs] * bs + start % bs)
+            else:
+                prefill_chunks.append(ChunkSpec(row, n, end, table))
+                input_ids += seq.token_ids[start:end]
+                positions += range(start, end)
+                slots += [table[p // bs] * bs + p % bs for p in range(start, end)]
             if item.samples:
-                sample_rows.append(len(input_ids) - 1)
-        order = prefills + decodes
+                sample_rows.append(row + n - 1)
+                sampling.append(item)
+            if seq.params.prompt_logprobs is not None and not seq.num_output_tokens:
+                # Rows predicting a prompt token: all of the chunk's but the last prompt row.
+                scored = min(end, seq.num_prompt_tokens - 1) - start
+                if scored > 0:
+                    prompt_rows.append((seq, row, scored))
+            if seq.lora_slot is not None:
+                lora_spans.append((seq.lora_slot, row, n))
         return _StepInputs(
             input_ids=input_ids, positions=positions,
             attention=StepAttention(slots=slots, prefills=prefill_chunks, decodes=decode_chunks,
                                     block_size=bs),
-            sample_rows=sample_rows, sampling=[i for i in order if i.samples],
+            sample_rows=sample_rows, sampling=sampling,
             prompt_rows=prompt_rows, lora_spans=lora_spans,
         )
 
@@ -222,8 +235,8 @@ class ModelRunner:
                                    [c.block_table for c in att.decodes])
         meta = self.attention.build_metadata(att, self.device,
                                              self.model_config.num_key_value_heads)
-        input_ids = torch.tensor(step.input_ids, dtype=torch.long, device=self.device)
-        positions = torch.tensor(step.positions, dtype=torch.long, device=self.device)
+        input_ids = long_tensor(step.input_ids, self.device)
+        positions = long_tensor(step.positions, self.device)
         return self.model(input_ids, positions, meta, self.kv_caches, lora)
 
     @torch.inference_mode()
@@ -231,11 +244,14 @@ class ModelRunner:
         """Run one step; fp32 logits for the rows that sample and the rows that score prompts."""
         step = self._prepare(batch)
         hidden = self._forward(step)
-        rows = list(step.sample_rows)
-        for _, first, count in step.prompt_rows:
-            rows += range(first, first + count)
-        index = torch.tensor(rows, dtype=torch.long, device=self.device)
-        logits = self.model.compute_logits(hidden[index])
+        if not step.prompt_rows and len(step.sample_rows) == len(step.input_ids):
+            rows = hidden  # every row samples, in order (every decode step): no gather
+        else:
+            index = list(step.sample_rows)
+            for _, first, count in step.prompt_rows:
+                index += range(first, first + count)
+            rows = hidden[long_tensor(index, self.device)]
+        logits = self.model.compute_logits(rows)
         prompt, at = {}, len(step.sample_rows)
         for seq, _, count in step.prompt_rows:
             prompt[seq] = logits[at : at + count]

@@ -49,7 +49,8 @@ class Scheduler:
         self.bm = block_manager
         self.loras = loras
         self.waiting: list[Sequence] = []  # sorted by sort_key
-        self.running: list[Sequence] = []  # sorted by sort_key at each step
+        # Sorted by sort_key too: kept so by insort, as a sequence's key never changes.
+        self.running: list[Sequence] = []
         self.by_id: dict[str, Sequence] = {}
         self.num_preemptions = 0
         self._arrivals = 0
@@ -90,7 +91,6 @@ class Scheduler:
     def schedule(self) -> list[ScheduledSeq]:
         plan: dict[Sequence, int] = {}
         budget = self.config.max_num_batched_tokens
-        self.running.sort(key=lambda s: s.sort_key)
 
         i = 0
         while i < len(self.running) and budget > 0:

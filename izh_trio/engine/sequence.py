@@ -47,8 +47,6 @@ class Sequence:
     block_hashes: list[bytes] = attrs.field(init=False, factory=list)
     #: Leading blocks of the table already offered to the prefix cache.
     num_published_blocks: int = attrs.field(init=False, default=0)
-    #: Output tokens already reported to the frontend.
-    num_emitted: int = attrs.field(init=False, default=0)
     finish_reason: FinishReason | None = attrs.field(init=False, default=None)
     #: The eos or stop token that ended it.
     stop_token_id: int | None = attrs.field(init=False, default=None)

@@ -73,8 +73,9 @@ def check_plan(sched: Scheduler, plan: list[ScheduledSeq], had_work: bool) -> No
         assert item.num_new_tokens >= 1
         assert seq.status is SequenceStatus.RUNNING and id(seq) in running
         assert seq.num_computed_tokens + item.num_new_tokens <= seq.num_tokens
-        covered = len(seq.block_table) * bm.block_size
-        assert covered >= seq.num_computed_tokens + item.num_new_tokens, (seq, item)
+        # Exactly the blocks the chunk's context needs: the model runner passes whole tables.
+        context = seq.num_computed_tokens + item.num_new_tokens
+        assert len(seq.block_table) == bm.blocks_needed(context), (seq, item)
 
 
 def run_step(
@@ -119,6 +120,7 @@ def check_state(sched: Scheduler, live: dict[str, Sequence], tokens: dict[str, l
     assert sched.by_id == live
     assert sched.has_work == bool(live)
     assert [s.sort_key for s in waiting] == sorted(s.sort_key for s in waiting)
+    assert [s.sort_key for s in running] == sorted(s.sort_key for s in running)
     assert len(running) <= sched.config.max_num_seqs
     for seq in waiting:
         assert seq.status is SequenceStatus.WAITING
