@@ -4,7 +4,11 @@
 
 One server runs at a time (an idle peer still takes CPU on a 2-core machine): each round starts
 ours, runs every workload, stops it, then does the same for vLLM (``../shared/tools/vllm-cpu-peer``,
-installed on first use). The report is the median over rounds per server, and the ratios.
+installed on first use). Each workload starts with one unmeasured wave of its own requests
+(as many as its concurrency, at least 8), so that neither server is measured while it still
+pays one-time costs (lazy compilation, first-touch memory, new connections): on a fresh server
+a 256-prompt 32x32 run was ~20 % slower than the same run just after it. The report is the
+median over rounds per server, and the ratios.
 Without ``--model-dir`` it writes the issue's reference checkpoint (2 layers, hidden 256,
 head_dim 64, vocab 2000, fp32; vLLM's CPU attention needs head_dim >= 32).
 """
@@ -35,6 +39,11 @@ WORKLOADS = {  # name: bench_serve arguments
 }
 METRICS = ("output_throughput", "median_ttft_ms", "median_itl_ms", "median_tpot_ms",
            "server_cpu_us_per_token", "client_cpu_us_per_token")
+
+
+def _warmup(workload: list[str]) -> int:
+    """One wave of the workload's own requests: its concurrency, at least 8."""
+    return max(8, int(workload[workload.index("--concurrency") + 1]))
 
 
 def _start(kind: str, model_dir: Path, port: int, log: Path) -> subprocess.Popen:
@@ -111,7 +120,8 @@ def main() -> None:
                     out = a.out / f"{kind}-{name}-{rnd}.json"
                     cpu_before = _tree_cpu_s(proc.pid)
                     subprocess.run([sys.executable, str(ROOT / "tools" / "bench_serve.py"),
-                                    "--base-url", f"http://127.0.0.1:{a.port}", "--warmup", "8",
+                                    "--base-url", f"http://127.0.0.1:{a.port}",
+                                    "--warmup", str(_warmup(WORKLOADS[name])),
                                     "--no-progress", "--label", kind, "--result-json", str(out),
                                     *WORKLOADS[name]], check=False, stdout=subprocess.DEVNULL)
                     point = json.loads(out.read_text())["points"][0]
