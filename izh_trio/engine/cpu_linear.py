@@ -27,7 +27,16 @@ from torch import nn
 
 log = logging.getLogger(__name__)
 
-PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
+
+def _packable_dtypes() -> tuple[torch.dtype, ...]:
+    """fp32 always; bf16 only where oneDNN has native bf16 kernels (else it emulates them)."""
+    try:
+        native_bf16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (RuntimeError, AttributeError):
+        native_bf16 = False
+    return (torch.float32, torch.bfloat16) if native_bf16 else (torch.float32,)
+
+
 #: Up to this many bytes of plain linear weights, a plain copy is kept for one-row calls.
 PLAIN_COPY_LIMIT = 256 << 20
 
@@ -79,9 +88,10 @@ def pack_linears(model: nn.Module) -> int:
     """Swap every ``nn.Linear`` of a CPU model for a packed one; returns how many were swapped."""
     if os.environ.get("IZH_ONEDNN_LINEAR", "1") == "0" or not torch.backends.mkldnn.is_available():
         return 0
+    dtypes = _packable_dtypes()
     targets = [(name, module) for name, module in model.named_modules()
                if type(module) is nn.Linear and module.weight.device.type == "cpu"
-               and module.weight.dtype in PACKABLE_DTYPES]
+               and module.weight.dtype in dtypes]
     keep_plain = sum(m.weight.nbytes for _, m in targets) <= PLAIN_COPY_LIMIT
     swapped = 0
     with torch.no_grad():
