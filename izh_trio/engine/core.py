@@ -180,7 +180,7 @@ class EngineCore:
         """Report the token a step sampled (the only new one); retire the sequence if done."""
         if self.guided.accept(seq.request_id, token) and reason is None:
             reason = FinishReason.STOP  # the grammar is complete: nothing more may follow
-        num_output = len(seq.token_ids) - seq.num_prompt_tokens
+        num_output = seq.num_output_tokens
         first = num_output == 1
         self.generation_tokens_total += 1
         if first:

@@ -17,8 +17,9 @@ The arithmetic is torch's, rounding for rounding (``-ffp-contract=off``: no FMA 
 rounds a product; the mean is the sum over ``n``, then ``1 / sqrt(mean + eps)``, ``x * r``,
 then ``weight * that``), so only the order of the sum of squares differs: fp32 logits agree
 with Hugging Face's as before. Plain loops that the compiler vectorises; one thread, as the
-engine runs torch. Built once per machine (``cbuild``); with no compiler, with
-``IZH_CPU_FUSED=0``, or for tensors that are not fp32 on CPU, the same ops run in torch.
+engine runs torch. Built once per machine (``cbuild``). These functions only run kernels: the
+torch ops they replace live in one place, the model (``qwen3.py``), which decides once, when
+it is built, to call them (fp32 on CPU, the library built, not ``IZH_CPU_FUSED=0``).
 """
 
 from __future__ import annotations
@@ -163,16 +164,15 @@ def available() -> bool:
     return _lib is not False
 
 
-def _serves(x: torch.Tensor) -> bool:
-    """The kernels take ``x``: fp32 on CPU, and the library built (other tensors of the call
-    must then match; the wrappers assert it)."""
-    return x.dtype == torch.float32 and x.is_cpu and available()
+def _check(x: torch.Tensor) -> None:
+    """The kernels take ``x``: fp32 on CPU, with the library built (the call's other tensors
+    are checked by each wrapper)."""
+    assert x.dtype == torch.float32 and x.is_cpu and available(), "not a tensor for the kernels"
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dim of ``x`` [..., N], as ``qwen3.RMSNorm``."""
-    if not _serves(x):
-        return _torch_norm(x, weight, eps)
+    _check(x)
     assert x.is_contiguous() and weight.is_contiguous() and weight.dtype == torch.float32
     out = torch.empty_like(x)
     n = x.shape[-1]
@@ -184,9 +184,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """``h = residual + x`` and ``rms_norm(h)``, both [..., N]: a layer's residual add and the
     norm after it, in one pass."""
-    if not _serves(x):
-        h = residual + x
-        return h, _torch_norm(h, weight, eps)
+    _check(x)
     assert x.is_contiguous() and residual.is_contiguous() and weight.is_contiguous()
     assert x.shape == residual.shape and residual.dtype == weight.dtype == torch.float32
     h, out = torch.empty_like(x), torch.empty_like(x)
@@ -208,14 +206,7 @@ def qk_norm_rope_store(
     be a slot of the cache: the torch backend's ``index_copy_`` demands it too (only CUDA
     graphs pad with -1, and they run the triton backend)."""
     t, d = qkv.shape[0], q_norm.shape[0]
-    if not _serves(qkv):
-        q, k, v = qkv.view(t, num_heads + 2 * num_kv_heads, d).split(
-            [num_heads, num_kv_heads, num_kv_heads], dim=1)
-        q = _torch_rope(_torch_norm(q, q_norm, eps), cos, sin)
-        k = _torch_rope(_torch_norm(k, k_norm, eps), cos, sin)
-        k_cache.view(-1, num_kv_heads, d).index_copy_(0, slot_mapping, k)
-        v_cache.view(-1, num_kv_heads, d).index_copy_(0, slot_mapping, v)
-        return q, k, v
+    _check(qkv)
     row = (num_heads + 2 * num_kv_heads) * d
     slots = k_cache.shape[0] * k_cache.shape[1]
     assert qkv.is_contiguous() and qkv.shape == (t, row) and slot_mapping.shape == (t,)
@@ -237,15 +228,3 @@ def qk_norm_rope_store(
                        qkv.storage_offset() + (num_heads + num_kv_heads) * d)
     return q, k, v
 
-
-def _torch_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``qwen3.RMSNorm``'s ops (the fallback)."""
-    dtype = x.dtype
-    x = x.float()
-    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
-
-
-def _torch_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """``qwen3.apply_rope``'s ops (the fallback)."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin

@@ -143,7 +143,7 @@ class Generation:
                 if exc.rejected:
                     raise APIError(400, str(exc)) from None
                 raise APIError(500, f"the request failed in the engine: {exc}") from None
-            if out or all(c.done for c in self._choices):
+            if out or self.finished:
                 return out
             if self._deadline == math.inf:  # no deadline: skip the cancel scope (hot path)
                 await self._notifier.wait()

@@ -16,7 +16,8 @@ import torch
 
 from izh_trio.engine import cpu_fused
 from izh_trio.engine.attention import store_kv
-from izh_trio.engine.models.qwen3 import RMSNorm, RotaryEmbedding, apply_rope
+from izh_trio.engine.loader import Qwen3Config
+from izh_trio.engine.models.qwen3 import Qwen3ForCausalLM, RMSNorm, RotaryEmbedding, apply_rope
 
 pytestmark = pytest.mark.skipif(not cpu_fused.available(),
                                 reason="no C compiler: the engine uses the torch ops")
@@ -107,7 +108,9 @@ def test_slot_outside_the_cache_raises() -> None:
 
 @pytest.mark.parametrize("why", ["no library", "float64"])
 def test_falls_back_to_torch(why: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without the library, or for other dtypes, the wrappers run the same ops in torch."""
+    """Without the library, or for other dtypes, the model keeps its own torch ops (the one
+    torch path: the wrappers have none) and gives the kernels' results; the wrappers refuse
+    what they cannot run rather than compute it some other way."""
     qkv, cos, sin, k_cache, v_cache, slots = _qk_case(5, 4, 2, 64)
     g = torch.Generator().manual_seed(1)
     w, x, res = torch.randn(64, generator=g), torch.randn(5, 64, generator=g), torch.randn(5, 64)
@@ -116,17 +119,37 @@ def test_falls_back_to_torch(why: str, monkeypatch: pytest.MonkeyPatch) -> None:
                                            v_cache.clone(), slots)
     if why == "no library":
         monkeypatch.setattr(cpu_fused, "_lib", False)
+    dtype = torch.float64 if why == "float64" else torch.float32
 
     def cast(t: torch.Tensor) -> torch.Tensor:
-        return t.double() if why == "float64" else t
+        return t.to(dtype)
 
-    got_qk = cpu_fused.qk_norm_rope_store(cast(qkv), 4, 2, cast(w), cast(w), EPS, cast(cos),
-                                          cast(sin), cast(k_cache), cast(v_cache), slots)
-    for got, want in [(cpu_fused.rms_norm(cast(x), cast(w), EPS), want_norm),
-                      *zip(cpu_fused.add_rms_norm(cast(x), cast(res), cast(w), EPS), want_add,
-                           strict=True),
+    cfg = Qwen3Config(vocab_size=16, hidden_size=64, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                      rms_norm_eps=EPS, rope_theta=1e6, max_position_embeddings=64,
+                      tie_word_embeddings=False, attention_bias=False, eos_token_ids=(),
+                      dtype=dtype, architecture="Qwen3ForCausalLM")
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        model = Qwen3ForCausalLM(cfg, max_positions=64)
+    finally:
+        torch.set_default_dtype(previous)
+    assert not model.fused
+    layer = model.layers[0]
+    norm = layer.post_attention_layernorm
+    norm.weight.data = cast(w)
+    attn = layer.self_attn
+    attn.q_norm.weight.data, attn.k_norm.weight.data = cast(w), cast(w)
+    assert not norm.fused and not attn.fused
+    got_qk = attn.norm_rope_store(cast(qkv), (cast(cos), cast(sin)),
+                                  (cast(k_cache), cast(v_cache)), slots)
+    for got, want in [(norm(cast(x)), want_norm),
+                      *zip(norm.add(cast(x), cast(res)), want_add, strict=True),
                       *zip(got_qk, want_qk, strict=True)]:
         torch.testing.assert_close(got.float(), want, rtol=RTOL, atol=ATOL)
+    with pytest.raises(AssertionError):
+        cpu_fused.rms_norm(cast(x), cast(w), EPS)
 
 
 def test_engine_logits_same_with_and_without_kernels(tiny_dir: Path,
