@@ -34,8 +34,9 @@ def _faults(mode: str) -> int:
 
 
 def test_a_freed_block_is_reused_without_page_faults() -> None:
-    default, tuned = _faults("default"), _faults("tuned")
-    # By default glibc trims the heap's freed top (48 MiB here) after every step and faults
-    # it in again in the next: ~12k faults a step.
-    assert default > 20 * 5000
-    assert tuned < 500
+    assert _faults("tuned") < 500
+    # The control: by default glibc trims the heap's freed top (48 MiB here) after every step
+    # and faults it in again in the next, ~12k faults a step. Not in every run: in about one
+    # in six the freed blocks do not end up at the heap's top (placement varies from run to
+    # run) and nothing is trimmed, so the control looks for one run that shows it.
+    assert any(_faults("default") > 20 * 5000 for _ in range(5))
