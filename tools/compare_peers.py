@@ -17,15 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
+from bench import servers
 
 ROOT = Path(__file__).resolve().parents[1]
 PEER = ROOT.parent / "shared" / "tools" / "vllm-cpu-peer"
@@ -46,54 +43,11 @@ def _warmup(workload: list[str]) -> int:
     return max(8, int(workload[workload.index("--concurrency") + 1]))
 
 
-def _start(kind: str, model_dir: Path, port: int, log: Path) -> subprocess.Popen:
+def _command(kind: str, model_dir: Path, port: int) -> list[str]:
     if kind == "izh":
-        cmd = [sys.executable, "-m", "izh_trio", "serve", "--model-dir", str(model_dir),
-               "--port", str(port)]
-    else:
-        cmd = [str(PEER), str(model_dir), str(port)]
-    return subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
-
-
-def _wait_ready(port: int, proc: subprocess.Popen, timeout: float = 900) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError("server did not start")
-
-
-def _tree_cpu_s(root: int) -> float:
-    """User + system CPU seconds of ``root`` and all its live descendants (Linux /proc)."""
-    tick, total, todo = os.sysconf("SC_CLK_TCK"), 0.0, [root]
-    while todo:
-        pid = todo.pop()
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
-            # Children hang off the thread that spawned them, not always the main one.
-            children = {int(c) for task in Path(f"/proc/{pid}/task").iterdir()
-                        for c in (task / "children").read_text().split()}
-        except OSError:  # gone meanwhile
-            continue
-        todo += children
-    return total
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    os.killpg(proc.pid, signal.SIGINT)
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        return [sys.executable, "-m", "izh_trio", "serve", "--model-dir", str(model_dir),
+                "--port", str(port)]
+    return [str(PEER), str(model_dir), str(port)]
 
 
 def main() -> None:
@@ -113,12 +67,12 @@ def main() -> None:
     results: dict[str, dict[str, list[dict]]] = {}
     for rnd in range(a.rounds):
         for kind in a.servers.split(","):
-            proc = _start(kind, model_dir, a.port, a.out / f"{kind}-{rnd}.log")
+            proc = servers.start(_command(kind, model_dir, a.port), a.out / f"{kind}-{rnd}.log")
             try:
-                _wait_ready(a.port, proc)
+                servers.wait_ready(a.port, proc)
                 for name in a.workloads.split(","):
                     out = a.out / f"{kind}-{name}-{rnd}.json"
-                    cpu_before = _tree_cpu_s(proc.pid)
+                    cpu_before = servers.tree_cpu_s(proc.pid)
                     subprocess.run([sys.executable, str(ROOT / "tools" / "bench_serve.py"),
                                     "--base-url", f"http://127.0.0.1:{a.port}",
                                     "--warmup", str(_warmup(WORKLOADS[name])),
@@ -127,14 +81,14 @@ def main() -> None:
                     point = json.loads(out.read_text())["points"][0]
                     # Warm-up requests included: a small overestimate, the same for both.
                     point["server_cpu_us_per_token"] = (
-                        1e6 * (_tree_cpu_s(proc.pid) - cpu_before)
+                        1e6 * (servers.tree_cpu_s(proc.pid) - cpu_before)
                         / max(1, point["total_output_tokens"]))
                     results.setdefault(name, {}).setdefault(kind, []).append(point)
                     print(f"round {rnd} {kind:5} {name:8} " + "  ".join(
                         f"{m}={point[m]:.1f}" for m in METRICS if point.get(m) is not None),
                         flush=True)
             finally:
-                _stop(proc)
+                servers.stop(proc)
     report = {}
     print(f"\n{'workload':10}{'metric':20}{'izh':>12}{'vllm':>12}{'izh/vllm':>10}")
     for name, by_kind in results.items():
