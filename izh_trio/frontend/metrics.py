@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from prometheus_client import (
+    GC_COLLECTOR,
+    PROCESS_COLLECTOR,
     CollectorRegistry,
     Counter,
     Histogram,
@@ -67,6 +69,9 @@ class Metrics:
                  in_flight: Callable[[], int]):
         self.registry = r = CollectorRegistry()
         r.register(_EngineCollector(get_stats, healthy, in_flight))
+        # The HTTP process's own CPU, memory and garbage collections, as vLLM's /metrics has.
+        for shared in (PROCESS_COLLECTOR, GC_COLLECTOR):
+            r.register(shared)
         self.request_success = Counter("izh:request_success", "Finished requests.",
                                        ["finished_reason"], registry=r)
         self.ttft = Histogram("izh:time_to_first_token_seconds",
