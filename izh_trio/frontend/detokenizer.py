@@ -10,12 +10,9 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
         self._tokenizer = tokenizer
         self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
-        self.text = ""
 
     def push(self, token_ids: list[int]) -> str:
         """Feed new ids; return the text they completed (may be empty)."""
         if not token_ids:
             return ""
-        piece = self._stream.step(self._tokenizer, token_ids) or ""
-        self.text += piece
-        return piece
+        return self._stream.step(self._tokenizer, token_ids) or ""
