@@ -48,7 +48,8 @@ class _ChoiceOut:
     """One choice as it accumulates (non-streaming) or streams (text so far, for offsets)."""
 
     prompt: _Prompt
-    text: str = ""
+    parts: list[str] = attrs.Factory(list)  # the text so far, joined once at the end
+    text_len: int = 0
     token_ids: list[int] = attrs.Factory(list)
     logprob_entries: list = attrs.Factory(list)
     finish_reason: str | None = None
@@ -109,7 +110,7 @@ async def completions() -> Any:
             while deltas := await gen.next():
                 for d in deltas:
                     render.apply(outs[d.index], d)
-    choices = [render.choice(i, out, out.text) for i, out in enumerate(outs)]
+    choices = [render.choice(i, out, "".join(out.parts)) for i, out in enumerate(outs)]
     return {**head, "choices": choices, "usage": _usage(outs, req.n)}
 
 
@@ -133,7 +134,8 @@ class _Renderer:
             if self.req.logprobs is not None:
                 out.token_ids += out.prompt.ids
                 out.logprob_entries += [None, *(d.prompt_logprobs or ())]
-        out.text += text
+        out.parts.append(text)
+        out.text_len += len(text)
         out.token_ids += d.token_ids
         if self.req.logprobs is not None:
             out.logprob_entries += d.logprobs or []
@@ -162,7 +164,7 @@ async def _stream(
             while deltas := await gen.next():
                 for d in deltas:
                     out = outs[d.index]
-                    offset, since = len(out.text), len(out.token_ids)
+                    offset, since = out.text_len, len(out.token_ids)
                     text = render.apply(out, d)
                     if not text and d.finish_reason is None and req.logprobs is None:
                         continue  # held back (a possible stop string) or half a character
