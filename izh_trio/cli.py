@@ -62,6 +62,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="seconds in-flight requests get to finish on SIGTERM")
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
     p.add_argument("--max-stream-buffer-tokens", type=int, default=d.max_stream_buffer_tokens)
+    p.add_argument("--stream-interval", type=int, default=d.stream_interval,
+                   help="tokens per SSE event after a stream's first (1: every token)")
     p.add_argument("--max-engine-restarts", type=int, default=d.max_engine_restarts)
     p.add_argument("--startup-timeout", type=float, default=d.startup_timeout)
     p.add_argument("--lora-modules", nargs="+", type=_lora_module, default=[],

@@ -77,11 +77,13 @@ class EngineClient:
         startup_timeout: float = 600.0,
         shutdown_timeout: float = 10.0,
         max_buffered_tokens: int = 1 << 16,
+        stream_interval: int = 1,
     ) -> None:
         self.config = config
         self.startup_timeout = startup_timeout
         self.shutdown_timeout = shutdown_timeout
         self.max_buffered_tokens = max_buffered_tokens
+        self.stream_interval = stream_interval
         self.state = ClientState.STARTING
         self.ready: Ready | None = None
         self.stats: Stats | None = None
@@ -275,7 +277,8 @@ class EngineClient:
             raise ValueError(f"the request cannot be sent to the engine: {exc}") from exc
         stream = RequestStream(request_id, len(prompt_token_ids), self.max_buffered_tokens,
                                notifier or Notifier(),
-                               abort=lambda: self._queue(Abort((request_id,))))
+                               abort=lambda: self._queue(Abort((request_id,))),
+                               interval=self.stream_interval)
         self._streams[request_id] = stream
         self._queue(add)
         try:

@@ -66,8 +66,13 @@ class _Choice:
         self.last: float | None = None
         self.counts = (len(spec.prompt_ids), 0, 0)  # prompt, output, cached tokens so far
 
-    def take(self, metrics: Metrics, arrival: float) -> ChoiceDelta | None:
-        delta = self.stream.take_nowait()
+    def take(self, metrics: Metrics, arrival: float, *, expiring: bool = False
+             ) -> ChoiceDelta | None:
+        """What arrived since the last call, as a delta; None if nothing is due yet.
+
+        ``expiring``: the deadline passed. Whatever the stream holds is taken, and the choice
+        ends with ``"length"`` unless the engine finished it first."""
+        delta = self.stream.take_nowait(held=expiring)
         if delta is None:
             return None
         now = time.monotonic()
@@ -80,8 +85,9 @@ class _Choice:
         shown, stop_token = delta.token_ids, delta.stop_token_id
         if stop_token is not None and not self.spec.include_stop_str:
             shown = shown[:-1]  # the eos or stop token itself is not part of the text
-        text = self.stop.push(self.detok.push(shown), final=engine_done)
-        reason: str | None = delta.finish_reason.value if engine_done else None
+        text = self.stop.push(self.detok.push(shown), final=engine_done or expiring)
+        reason: str | None = (delta.finish_reason.value if engine_done
+                              else "length" if expiring else None)
         # Like vLLM: stop_reason names the request's own stop token, not the eos.
         stop_reason: str | int | None = (
             stop_token if stop_token in self.spec.params.stop_token_ids else None)
@@ -93,11 +99,14 @@ class _Choice:
         return self._delta(text, delta.token_ids, delta.logprobs, delta.prompt_logprobs,
                            reason, stop_reason, metrics, now - arrival)
 
-    def expire(self, metrics: Metrics, elapsed: float) -> ChoiceDelta:
+    def expire(self, metrics: Metrics, arrival: float) -> ChoiceDelta:
         """The deadline passed: end with what was generated (and any held-back text)."""
+        delta = self.take(metrics, arrival, expiring=True)
         self.stream.abort()
+        if delta is not None:
+            return delta
         return self._delta(self.stop.push("", final=True), [], None, None, "length", None,
-                           metrics, elapsed)
+                           metrics, time.monotonic() - arrival)
 
     def _delta(self, text: str, token_ids: list[int], logprobs: list | None,
                prompt_logprobs: tuple | None, reason: str | None, stop_reason: str | int | None,
@@ -133,10 +142,14 @@ class Generation:
 
     async def next(self) -> list[ChoiceDelta]:
         """The deltas that arrived since the last call; an empty list once every choice ended."""
+        expired = False
         while True:
             if self._aborted is not None:
                 raise APIError(503, self._aborted)
             try:
+                if expired:
+                    return [c.expire(self._metrics, self._arrival) for c in self._choices
+                            if not c.done]
                 out = [d for c in self._choices if not c.done
                        and (d := c.take(self._metrics, self._arrival)) is not None]
             except EngineError as exc:
@@ -151,8 +164,7 @@ class Generation:
             with trio.move_on_at(self._deadline):
                 await self._notifier.wait()
                 continue
-            elapsed = time.monotonic() - self._arrival
-            return [c.expire(self._metrics, elapsed) for c in self._choices if not c.done]
+            expired = True
 
 
 @attrs.frozen

@@ -3,8 +3,11 @@
 The reader must never wait on one slow consumer, so ``push`` never blocks: outputs that arrive
 while the route is busy (say, writing to a slow client) merge into one delta. The buffer is
 bounded: a consumer that falls ``max_buffered_tokens`` behind is failed, and its abort frees
-the engine's blocks. Several streams (the ``n`` choices of one HTTP request) can share one
-:class:`Notifier`, so a single task waits on all of them without spawning any.
+the engine's blocks. With a stream interval of N (``--stream-interval``, as vLLM's), the
+route is woken for the first token, then once N tokens are waiting, and for the end: fewer,
+larger SSE events for a server whose per-event cost is what limits it. Several streams (the
+``n`` choices of one HTTP request) can share one :class:`Notifier`, so a single task waits
+on all of them without spawning any.
 """
 
 from __future__ import annotations
@@ -55,9 +58,11 @@ class Delta:
 
 class RequestStream:
     def __init__(self, request_id: str, num_prompt_tokens: int, max_buffered: int,
-                 notifier: Notifier, abort: Callable[[], None]) -> None:
+                 notifier: Notifier, abort: Callable[[], None], interval: int = 1) -> None:
         self.request_id = request_id
         self._max_buffered = max_buffered
+        self._interval = interval
+        self._taken_any = False
         self._notifier = notifier
         self._abort = abort
         self._pending = Delta([], num_prompt_tokens, 0, 0)
@@ -87,7 +92,14 @@ class RequestStream:
         if len(p.token_ids) > self._max_buffered and not self.done_in_core:
             self.fail(f"the client fell more than {self._max_buffered} tokens behind")
             self.abort()
-        self._notifier.notify()
+        if self._due():
+            self._notifier.notify()
+
+    def _due(self) -> bool:
+        """The news is worth a wake-up: the first token, ``interval`` tokens, or the end."""
+        p = self._pending
+        return (not self._taken_any or len(p.token_ids) >= self._interval
+                or p.finish_reason is not None)
 
     def reject(self, message: str) -> None:
         self.done_in_core = True
@@ -108,15 +120,18 @@ class RequestStream:
             self.done_in_core = True
             self._abort()
 
-    def take_nowait(self) -> Delta | None:
-        """The news since the last call, or None; raises the stream's error once."""
+    def take_nowait(self, *, held: bool = False) -> Delta | None:
+        """The news since the last call, or None; raises the stream's error once.
+
+        ``held``: also what the stream interval is still holding back (a deadline passed)."""
         if self.exhausted:
             return None
         if self._error is not None:
             self.exhausted = True
             raise self._error
-        if not self._has_news:
+        if not self._has_news or not (held or self._due()):
             return None
+        self._taken_any = True
         delta = self._pending
         self._pending = Delta([], delta.num_prompt_tokens, delta.num_output_tokens,
                               delta.num_cached_tokens)

@@ -96,7 +96,8 @@ class Server:
                 # The adapters loaded now: a respawned core keeps the runtime-loaded ones.
                 config = self.settings.engine_config(self.model_dir, tuple(self.loras.items()))
                 client = EngineClient(config, startup_timeout=self.settings.startup_timeout,
-                                      max_buffered_tokens=self.settings.max_stream_buffer_tokens)
+                                      max_buffered_tokens=self.settings.max_stream_buffer_tokens,
+                                      stream_interval=self.settings.stream_interval)
                 self.client = client
                 async with trio.open_nursery() as nursery:
                     try:

@@ -97,6 +97,9 @@ class Settings:
     max_body_bytes: int = attrs.field(default=32 << 20, validator=v.ge(1024))
     #: Output tokens a stream may fall behind its client before it is aborted.
     max_stream_buffer_tokens: int = attrs.field(default=8192, validator=v.ge(1))
+    #: A stream's SSE events after its first carry at least this many tokens (as vLLM's
+    #: ``--stream-interval``): fewer, larger events when per-event cost is the limit.
+    stream_interval: int = attrs.field(default=1, validator=v.ge(1))
     #: Consecutive engine-core failures after which the server stops respawning it.
     max_engine_restarts: int = attrs.field(default=5, validator=v.ge(0))
     startup_timeout: float = attrs.field(default=600.0, validator=v.gt(0))

@@ -71,3 +71,31 @@ async def test_a_rejection_is_raised_once() -> None:
     assert stream.take_nowait() is None and stream.exhausted
     stream.abort()
     assert aborts == []  # the core never took it
+
+
+async def test_a_stream_interval_wakes_for_the_first_token_every_nth_and_the_end(
+        autojump_clock: trio.abc.Clock) -> None:
+    notifier = Notifier()
+    stream = RequestStream("r", 3, 100, notifier, abort=lambda: None, interval=3)
+    woken: list[list[int]] = []
+
+    async def route() -> None:
+        async for delta in stream:
+            woken.append(delta.token_ids)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(route)
+        for i in range(1, 9):  # one token per engine step, the route always keeping up
+            await trio.sleep(1)
+            stream.push(_out([i], i, FinishReason.LENGTH if i == 8 else None))
+    assert woken == [[1], [2, 3, 4], [5, 6, 7], [8]]
+
+
+def test_held_tokens_are_taken_when_asked_for() -> None:
+    stream = RequestStream("r", 3, 100, Notifier(), abort=lambda: None, interval=4)
+    stream.push(_out([1], 1))
+    assert stream.take_nowait().token_ids == [1]
+    stream.push(_out([2], 2))
+    stream.push(_out([3], 3))
+    assert stream.take_nowait() is None  # 2 of 4: held
+    assert stream.take_nowait(held=True).token_ids == [2, 3]  # a deadline passed
