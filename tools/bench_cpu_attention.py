@@ -4,6 +4,8 @@
         [--heads 4] [--kv-heads 2] [--head-dim 64] [--block-size 16] [--iters 50]
         [--rounds 5] [--no-torch]
     python tools/bench_cpu_attention.py --module /tmp/old_cpu_attention.py --module package
+    python tools/bench_cpu_attention.py --prefill 32 --batch 32 --min-ctx 32 --max-ctx 32 \
+        [--threads 2]
 
 Single thread, as the engine runs torch. The cache's blocks are handed out in a random
 order, as after a while of admitting and finishing requests, so no call gets the hardware
@@ -15,6 +17,13 @@ between the two outputs. ``--module`` (repeatable) loads ``cpu_attention`` from 
 instead (``package``: the package's own), to compare an older kernel with the current one;
 their rounds are interleaved, so a busy machine slows them alike. Each figure is the best
 round of ``--rounds``.
+
+``--prefill N`` times a step of ``--batch`` prefill chunks of N query rows instead (each
+continuing to a context drawn from ``--min-ctx``..``--max-ctx``, at least N: equal to N is a
+fresh prompt), through the engine's own ``attention.build_metadata`` and
+``paged_attention``: the chunks' rows in one kernel call against one SDPA call a chunk, with
+``--threads`` torch threads (the engine prefills with two on two cores). That is the
+measurement behind ``attention.IN_PLACE_PREFILL_WORK``.
 """
 
 from __future__ import annotations
@@ -75,9 +84,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--module", action="append",
                    help="a cpu_attention.py to time instead of the package's (repeatable)")
     p.add_argument("--no-torch", action="store_true", help="time only the kernel")
+    p.add_argument("--prefill", type=int, default=0, metavar="N",
+                   help="time prefill chunks of N rows instead of decodes")
+    p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
+    if args.prefill:
+        return _prefill(args)
     kernels = {path: _load(path) for path in args.module or ["package"]}
     if not all(k.available() for k in kernels.values()):
         print("the C kernel is unavailable (no compiler?)", file=sys.stderr)
@@ -122,6 +136,53 @@ def main(argv: list[str] | None = None) -> int:
         for name, fn in fns.items():
             if fn is not with_torch:
                 print(f"max |{name} - torch| = {(fn() - want).abs().max().item():.2e}")
+    return 0
+
+
+def _prefill(args: argparse.Namespace) -> int:
+    """A step of prefill chunks through the engine's attention: kernel rows against SDPA."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from izh_trio.engine import attention
+    from izh_trio.engine.attention import ChunkSpec, StepAttention, build_metadata
+
+    g = torch.Generator().manual_seed(args.seed)
+    n, bs, h_q, h_kv, d = args.prefill, args.block_size, args.heads, args.kv_heads, args.head_dim
+    lens = torch.randint(max(n, args.min_ctx), max(n, args.max_ctx) + 1, (args.batch,),
+                         generator=g).tolist()
+    width = max(-(-c // bs) for c in lens)
+    num_blocks = args.batch * width + 1
+    order = torch.randperm(num_blocks, generator=g).tolist()
+    chunks = [ChunkSpec(query_start=i * n, query_len=n, context_len=c,
+                        block_table=order[i * width : i * width + -(-c // bs)])
+              for i, c in enumerate(lens)]
+    step = StepAttention(slots=list(range(n * args.batch)), prefills=chunks, decodes=[],
+                         block_size=bs)
+    k_cache = torch.randn(num_blocks, bs, h_kv, d, generator=g)
+    v_cache = torch.randn(num_blocks, bs, h_kv, d, generator=g)
+    q = torch.randn(n * args.batch, h_q, d, generator=g)
+    k = torch.randn(n * args.batch, h_kv, d, generator=g)  # a fresh chunk's own K/V
+    v = torch.randn(n * args.batch, h_kv, d, generator=g)
+    for c in chunks:
+        if c.context_len == n:  # fresh: what attention reads from k/v is what the cache holds
+            for i in range(n):
+                k_cache[c.block_table[i // bs], i % bs] = k[c.query_start + i]
+                v_cache[c.block_table[i // bs], i % bs] = v[c.query_start + i]
+
+    def timed(work: int) -> Callable[[], torch.Tensor]:
+        attention.IN_PLACE_PREFILL_WORK = work
+        meta = build_metadata(step, torch.device("cpu"), h_kv)
+        return functools.partial(attention.paged_attention, q, k, v, k_cache, v_cache, meta,
+                                 d**-0.5)
+
+    fns = {"kernel rows": timed(1 << 62), "SDPA per chunk": timed(0)}
+    print(f"{args.batch} prefill chunks of {n} rows, context [{min(lens)}, {max(lens)}], "
+          f"H_q={h_q} H_kv={h_kv} D={d} block={bs}, {args.threads} thread(s); "
+          f"rows x context = {n * lens[0]} for the first")
+    for name, ms in _time(fns, dict.fromkeys(fns, max(1, args.iters // 5)),
+                          args.rounds).items():
+        print(f"{name:40s} {ms:8.3f} ms/call")
+    a, b = (fn() for fn in fns.values())
+    print(f"max |kernel rows - SDPA| = {(a - b).abs().max().item():.2e}")
     return 0
 
 

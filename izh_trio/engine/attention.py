@@ -3,8 +3,11 @@
 The K/V cache of a layer is ``[num_blocks, block_size, num_kv_heads, head_dim]``; a sequence's
 tokens live in the blocks its block table names, in order. One step's tokens arrive flattened:
 prefill chunks first (any length, possibly continuing a cached prefix), then one token per
-decoding sequence. Decodes are batched into one masked SDPA call; prefill chunks, few per step,
-run one SDPA call each.
+decoding sequence. Decodes are batched into one masked SDPA call; prefill chunks run one SDPA
+call each. In fp32 on CPU the compiled kernel (``cpu_attention.py``) takes the decodes and
+the short prefill chunks in one call a layer instead: a chunk's query rows are decode rows
+that each see the cache up to their own position (the chunk's K/V are stored before
+attention runs), so fresh prompts, prefix-cache hits and chunked prefill need no copies.
 
 The model runner describes a step's attention once, backend-neutrally (``StepAttention``);
 each backend turns that into its own metadata, once per step, and every layer reads it. The
@@ -55,7 +58,20 @@ class PrefillChunk:
     query_start: int  # offset in the flattened step
     query_len: int
     context_len: int  # tokens in the cache after this chunk, the chunk's own included
-    block_table: torch.Tensor  # [num_blocks] int64
+    #: [num_blocks] int64; None for a fresh chunk (nothing cached before it), which attends
+    #: to its own K/V and never reads the cache
+    block_table: torch.Tensor | None
+    in_place: bool = False  # the compiled kernel takes its rows (when the dtype is fp32)
+
+
+#: A prefill chunk goes to the compiled kernel when its query rows times its context tokens
+#: stay under this. The kernel reads K/V once per query row, SDPA once per tile of rows, but
+#: SDPA pays ~40 us a call (~90 us with two threads, whose barriers also stall while another
+#: process holds the second core). Measured crossover, fp32, 4 heads of 64 (GQA 2), one
+#: thread: 16 x 1024 and 128 x 128 favour the kernel (0.8x and 0.9x of SDPA's time), 32 x
+#: 1024 and 256 x 256 favour SDPA (1.14x, 1.16x); a 32 x 32 prompt takes 0.5x (one thread)
+#: to 0.3x (two). ``tools/bench_cpu_attention.py --prefill`` measures it.
+IN_PLACE_PREFILL_WORK = 16384
 
 
 @attrs.frozen
@@ -70,8 +86,17 @@ class AttentionMetadata:
     #: Additive and built once per step, so no layer converts a boolean mask again.
     decode_bias: torch.Tensor | None
     decode_context_lens: torch.Tensor | None = None  # [B] int64
-    #: Decode in place with the compiled CPU kernel (fp32 on CPU, when it built).
-    decode_in_place: bool = False
+    #: The compiled CPU kernel's rows (fp32 on CPU, when it built): the in-place prefill
+    #: chunks' rows, then the decodes. ``decode_block_tables`` and ``decode_context_lens``
+    #: are then the last B rows of these.
+    in_place_tables: torch.Tensor | None = None  # [R, max_blocks] int64
+    in_place_context_lens: torch.Tensor | None = None  # [R] int64: each row's own context
+    in_place_start: int = 0  # the rows are ``in_place_start:`` of the step ...
+    in_place_rows: torch.Tensor | None = None  # ... unless these [R] int64 rows are given
+
+    @property
+    def in_place(self) -> bool:
+        return self.in_place_tables is not None
 
 
 def in_place_ok() -> bool:
@@ -89,13 +114,17 @@ def long_tensor(values: list[int], device: torch.device) -> torch.Tensor:
 
 def build_metadata(step: StepAttention, device: torch.device, num_kv_heads: int = 1
                    ) -> AttentionMetadata:
+    in_place = device.type == "cpu" and bool(step.decodes or step.prefills) and in_place_ok()
     chunks = tuple(
         PrefillChunk(query_start=c.query_start, query_len=c.query_len, context_len=c.context_len,
-                     block_table=long_tensor(c.block_table, device))
+                     block_table=(long_tensor(c.block_table, device)
+                                  if c.context_len > c.query_len else None),
+                     in_place=in_place and c.query_len * c.context_len <= IN_PLACE_PREFILL_WORK)
         for c in step.prefills
     )
+    if in_place:
+        return _in_place_metadata(step, chunks, device)
     decode_tables = decode_bias = ctx = None
-    in_place = bool(step.decodes) and device.type == "cpu" and in_place_ok()
     if step.decodes:
         width = max(len(c.block_table) for c in step.decodes)
         flat: list[int] = []  # the tables, each padded with block 0 to ``width``
@@ -104,7 +133,6 @@ def build_metadata(step: StepAttention, device: torch.device, num_kv_heads: int 
             flat += [0] * (width - len(c.block_table))
         decode_tables = long_tensor(flat, device).view(len(step.decodes), width)
         ctx = long_tensor([c.context_len for c in step.decodes], device)
-    if step.decodes and not in_place:  # the in-place kernel stops at each context itself
         decode_bias = _decode_bias(ctx, width * step.block_size)
     return AttentionMetadata(
         slot_mapping=long_tensor(step.slots, device),
@@ -113,7 +141,46 @@ def build_metadata(step: StepAttention, device: torch.device, num_kv_heads: int 
         decode_block_tables=decode_tables,
         decode_bias=decode_bias,
         decode_context_lens=ctx,
-        decode_in_place=in_place,
+    )
+
+
+def _in_place_metadata(step: StepAttention, chunks: tuple[PrefillChunk, ...],
+                       device: torch.device) -> AttentionMetadata:
+    """One table row per kernel row: a prefill chunk's rows share its table and see the
+    cache up to their own position; a decode is one row."""
+    kernel_chunks = [c for c, p in zip(step.prefills, chunks, strict=True) if p.in_place]
+    width = max((len(c.block_table) for c in (*kernel_chunks, *step.decodes)), default=1)
+    flat: list[int] = []
+    ctx: list[int] = []
+    rows: list[int] = []
+    for c in kernel_chunks:
+        n = c.query_len
+        flat += (c.block_table + [0] * (width - len(c.block_table))) * n
+        ctx += range(c.context_len - n + 1, c.context_len + 1)
+        rows += range(c.query_start, c.query_start + n)
+    for c in step.decodes:
+        flat += c.block_table
+        flat += [0] * (width - len(c.block_table))
+        ctx.append(c.context_len)
+    total = len(step.slots)
+    start = total - len(ctx)  # contiguous when the kernel's rows are the step's last ones
+    contiguous = not rows or rows == list(range(start, start + len(rows)))
+    if not contiguous:
+        rows += (c.query_start for c in step.decodes)
+    tables = long_tensor(flat, device).view(len(ctx), width) if ctx else None
+    lens = long_tensor(ctx, device) if ctx else None
+    b = len(step.decodes)
+    return AttentionMetadata(
+        slot_mapping=long_tensor(step.slots, device),
+        prefills=chunks,
+        num_prefill_tokens=step.num_prefill_tokens,
+        decode_block_tables=tables[len(ctx) - b:] if b else None,
+        decode_bias=None,  # the kernel stops at each context itself
+        decode_context_lens=lens[len(ctx) - b:] if b else None,
+        in_place_tables=tables,
+        in_place_context_lens=lens,
+        in_place_start=start,
+        in_place_rows=None if contiguous else long_tensor(rows, device),
     )
 
 
@@ -144,7 +211,10 @@ def paged_attention(
 ) -> torch.Tensor:
     """q: [T, H_q, D]; k, v: [T, H_kv, D] (already stored). Returns [T, H_q, D]."""
     out = torch.empty_like(q)
+    kernel = meta.in_place and q.dtype == k_cache.dtype == torch.float32
     for chunk in meta.prefills:
+        if kernel and chunk.in_place:
+            continue
         s, n = chunk.query_start, chunk.query_len
         qc = q[s : s + n].transpose(0, 1).unsqueeze(0)  # [1, H_q, n, D]
         if chunk.context_len == n:  # nothing cached before it: attend to the fresh K/V
@@ -161,11 +231,16 @@ def paged_attention(
             attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True,
         )
         out[s : s + n] = o.squeeze(0).transpose(0, 1)
-    if meta.decode_block_tables is not None and meta.decode_in_place \
-            and q.dtype == k_cache.dtype == torch.float32:
-        s = meta.num_prefill_tokens
-        out[s:] = cpu_attention.paged_decode(q[s:], k_cache, v_cache, meta.decode_block_tables,
-                                             meta.decode_context_lens, scale)
+    if kernel and meta.in_place_tables is not None:
+        rows = meta.in_place_rows
+        if rows is None:
+            s = meta.in_place_start
+            out[s:] = cpu_attention.paged_decode(q[s:], k_cache, v_cache, meta.in_place_tables,
+                                                 meta.in_place_context_lens, scale)
+        else:
+            out[rows] = cpu_attention.paged_decode(q[rows], k_cache, v_cache,
+                                                   meta.in_place_tables,
+                                                   meta.in_place_context_lens, scale)
     elif meta.decode_block_tables is not None:
         s = meta.num_prefill_tokens
         tables = meta.decode_block_tables

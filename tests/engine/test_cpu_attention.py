@@ -172,10 +172,61 @@ def test_engine_step_is_the_same_with_and_without_the_kernel(monkeypatch: pytest
     q = torch.randn(3, 4, 16, generator=g)
     kv = torch.zeros(3, 2, 16)
     fast = build_metadata(step, torch.device("cpu"), 2)
-    assert fast.decode_in_place
+    assert fast.in_place
     in_place = paged_attention(q, kv, kv, k_cache, v_cache, fast, 0.25)
     monkeypatch.setattr(cpu_attention, "_lib", False)
     slow = build_metadata(step, torch.device("cpu"), 2)
-    assert not slow.decode_in_place
+    assert not slow.in_place
     torch.testing.assert_close(in_place, paged_attention(q, kv, kv, k_cache, v_cache, slow, 0.25),
+                               atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("order", ["kernel_chunks_last", "sdpa_chunk_last"])
+def test_prefill_chunks_in_place_match_the_torch_path(monkeypatch: pytest.MonkeyPatch,
+                                                      order: str) -> None:
+    """Short prefill chunks go to the kernel as rows with their own context: a fresh prompt,
+    one continuing a cached prefix (a prefix-cache hit or a later chunk), and a chunk too big
+    for the kernel (SDPA) placed before the kernel's rows (they stay one slice) or between
+    them (they are gathered by index), with decodes after; the torch path must agree."""
+    from izh_trio.engine import attention
+    from izh_trio.engine.attention import ChunkSpec, StepAttention, build_metadata, paged_attention
+
+    g = torch.Generator().manual_seed(5)
+    bs, h_q, h_kv, d = 4, 4, 2, 16
+    k_cache = torch.randn(96, bs, h_kv, d, generator=g)
+    v_cache = torch.randn(96, bs, h_kv, d, generator=g)
+    monkeypatch.setattr(attention, "IN_PLACE_PREFILL_WORK", 40 * 40)
+    fresh, cached, big = (5, 5), (3, 22), (44, 44)  # (query_len, context_len)
+    layout = [big, fresh, cached] if order == "kernel_chunks_last" else [fresh, big, cached]
+    prefills, row = [], 0
+    for i, (n, ctx) in enumerate(layout):
+        table = list(range(12 * i, 12 * i + (ctx + bs - 1) // bs))
+        prefills.append(ChunkSpec(query_start=row, query_len=n, context_len=ctx,
+                                  block_table=table))
+        row += n
+    decodes = [ChunkSpec(query_start=row + j, query_len=1, context_len=n,
+                         block_table=list(range(48 + 12 * j, 48 + 12 * j + (n + bs - 1) // bs)))
+               for j, n in enumerate([1, 9, 30])]
+    total = row + len(decodes)
+    step = StepAttention(slots=list(range(total)), prefills=prefills, decodes=decodes,
+                         block_size=bs)
+    q = torch.randn(total, h_q, d, generator=g)
+    # A fresh chunk attends to the K/V it just stored: the same rows as in its cache slots.
+    k = torch.empty(total, h_kv, d)
+    v = torch.empty(total, h_kv, d)
+    for c in prefills:
+        for i in range(c.query_len):
+            pos = c.context_len - c.query_len + i
+            blk = c.block_table[pos // bs]
+            k[c.query_start + i] = k_cache[blk, pos % bs]
+            v[c.query_start + i] = v_cache[blk, pos % bs]
+    fast = build_metadata(step, torch.device("cpu"), h_kv)
+    assert fast.in_place and [c.in_place for c in fast.prefills] == [
+        c.query_len * c.context_len <= 40 * 40 for c in prefills]
+    assert (fast.in_place_rows is None) == (order == "kernel_chunks_last")
+    in_place = paged_attention(q, k, v, k_cache, v_cache, fast, 0.25)
+    monkeypatch.setattr(cpu_attention, "_lib", False)
+    slow = build_metadata(step, torch.device("cpu"), h_kv)
+    assert not slow.in_place
+    torch.testing.assert_close(in_place, paged_attention(q, k, v, k_cache, v_cache, slow, 0.25),
                                atol=1e-5, rtol=1e-5)
