@@ -12,6 +12,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from izh_trio.frontend.errors import APIError, error_body
+from izh_trio.frontend.request_scope import with_request_scope
 from izh_trio.frontend.routes import BLUEPRINTS
 from izh_trio.frontend.routes.common import REQUEST_ID_HEADER
 from izh_trio.frontend.server import Server
@@ -83,7 +84,7 @@ def create_app(settings: Settings) -> QuartTrio:
 
     for bp in BLUEPRINTS:
         app.register_blueprint(bp)
-    app.asgi_app = _shield_last_send(app.asgi_app)  # type: ignore[method-assign]
+    app.asgi_app = with_request_scope(_shield_last_send(app.asgi_app))  # type: ignore[method-assign]
     return app
 
 

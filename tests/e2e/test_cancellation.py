@@ -8,6 +8,7 @@ no KV block held within a bounded time.
 from __future__ import annotations
 
 import httpx
+import pytest
 import trio
 
 from tests.e2e.conftest import scrape
@@ -94,5 +95,37 @@ async def test_many_disconnects_at_random_points_leave_nothing(server: str) -> N
             nursery.start_soon(one, c, rng.uniform(0.05, 1.0))
     after = await _idle_within(server, 3.0)
     assert after[GENERATED] - before[GENERATED] < 32 * LONG["max_tokens"]
+    async with httpx.AsyncClient() as client:
+        assert (await client.get(server + "/health")).status_code == 200
+
+
+@pytest.mark.parametrize("linger", [0.0, 0.05])
+async def test_clients_gone_before_the_response_starts_leave_nothing(server: str, linger: float
+                                                                     ) -> None:
+    """A streamed request reaches the engine from its route, before quart sends the status
+    line; a client that sends its request and leaves at once is then gone before the body
+    ever runs. The request's scope must still abort it: a burst of such requests leaves the
+    engine idle, far from the tokens they asked for."""
+    import json
+    import socket
+
+    host, port = server.removeprefix("http://").split(":")
+    body = json.dumps({**LONGER, "max_tokens": 2000}).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json"
+            f"\r\ncontent-length: {len(body)}\r\n\r\n").encode()
+    before = scrape(server)
+
+    async def hit_and_run() -> None:
+        sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        with sock:
+            await sock.connect((host, int(port)))
+            await sock.send(head + body)
+            await trio.sleep(linger)  # leave at once, or once it is routed; never read
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(16):
+            nursery.start_soon(hit_and_run)
+    after = await _idle_within(server, 3.0)
+    assert after[GENERATED] - before[GENERATED] < 16 * 2000 // 4
     async with httpx.AsyncClient() as client:
         assert (await client.get(server + "/health")).status_code == 200

@@ -14,7 +14,13 @@ from izh_trio.frontend.admission import TicketedBody
 from izh_trio.frontend.chat_messages import normalize_tools
 from izh_trio.frontend.chat_parser import ChatOutputParser, Event, ToolCall
 from izh_trio.frontend.errors import APIError
-from izh_trio.frontend.generation import ChoiceDelta, ChoiceSpec, GenerationPlan, open_generation
+from izh_trio.frontend.generation import (
+    ChoiceDelta,
+    ChoiceSpec,
+    Generation,
+    GenerationPlan,
+    open_generation,
+)
 from izh_trio.frontend.openai_format import (
     TokenText,
     chat_logprobs,
@@ -29,6 +35,7 @@ from izh_trio.frontend.routes.common import (
     constrained,
     deadline_of,
     json_body,
+    open_streamed,
     request_id,
     resolve_model,
     server_of,
@@ -124,7 +131,8 @@ async def chat_completions() -> Any:
     outs = [_ChoiceOut(ChatOutputParser(tools=plan.parse)) for _ in specs]
     text_of = TokenText(server.tokenizer.tokenizer)
     if req.stream:
-        stream = _stream(server, req, job, outs, {**head, "object": "chat.completion.chunk"},
+        gen = await open_streamed(server, job, ticket)
+        stream = _stream(req, gen, outs, {**head, "object": "chat.completion.chunk"},
                          text_of, len(prompt_ids))
         return Response(TicketedBody(stream, ticket), mimetype="text/event-stream",
                         headers=sse.HEADERS)
@@ -192,8 +200,8 @@ def _usage(outs: list[_ChoiceOut], prompt_len: int) -> dict[str, Any]:
 
 
 async def _stream(
-    server: Server, req: ChatCompletionRequest, job: GenerationPlan, outs: list[_ChoiceOut],
-    head: dict[str, Any], text_of: TokenText, prompt_len: int,
+    req: ChatCompletionRequest, gen: Generation, outs: list[_ChoiceOut], head: dict[str, Any],
+    text_of: TokenText, prompt_len: int,
 ) -> AsyncIterator[bytes]:
     opts = req.stream_options
     continuous = bool(opts and opts.continuous_usage_stats)
@@ -210,33 +218,32 @@ async def _stream(
 
     pending: list[bytes] = []  # events of this wake-up, sent as one write
     try:
-        async with open_generation(server, job) as gen:
-            while deltas := await gen.next():
-                for d in deltas:
-                    out = outs[d.index]
-                    if d.first:  # OpenAI opens every choice with the role
-                        pending.append(chunk(d.index, {"role": "assistant", "content": ""}))
-                    n_calls = len(out.calls)
-                    events = out.fold(d)
-                    lps = ({"content": chat_logprobs(text_of, d.logprobs or [])}
-                           if req.logprobs else None)
-                    for e in events:
-                        if e.kind == "tool_call":
-                            for part in _call_deltas(n_calls, e.call):
-                                pending.append(chunk(d.index, {"tool_calls": [part]}))
-                            n_calls += 1
-                        else:
-                            key = "content" if e.kind == "content" else "reasoning_content"
-                            pending.append(chunk(d.index, {key: e.text}, lps))
-                            lps = None
-                    if lps and lps["content"]:  # tokens whose text is still held back
-                        pending.append(chunk(d.index, {"content": ""}, lps))
-                    if d.finish_reason is not None:
-                        pending.append(chunk(d.index, {}, None, out.finish_reason,
-                                             out.stop_reason))
-                if pending and not gen.finished:  # the last ones go out with [DONE]
-                    yield b"".join(pending)
-                    pending.clear()
+        while deltas := await gen.next():
+            for d in deltas:
+                out = outs[d.index]
+                if d.first:  # OpenAI opens every choice with the role
+                    pending.append(chunk(d.index, {"role": "assistant", "content": ""}))
+                n_calls = len(out.calls)
+                events = out.fold(d)
+                lps = ({"content": chat_logprobs(text_of, d.logprobs or [])}
+                       if req.logprobs else None)
+                for e in events:
+                    if e.kind == "tool_call":
+                        for part in _call_deltas(n_calls, e.call):
+                            pending.append(chunk(d.index, {"tool_calls": [part]}))
+                        n_calls += 1
+                    else:
+                        key = "content" if e.kind == "content" else "reasoning_content"
+                        pending.append(chunk(d.index, {key: e.text}, lps))
+                        lps = None
+                if lps and lps["content"]:  # tokens whose text is still held back
+                    pending.append(chunk(d.index, {"content": ""}, lps))
+                if d.finish_reason is not None:
+                    pending.append(chunk(d.index, {}, None, out.finish_reason,
+                                         out.stop_reason))
+            if pending and not gen.finished:  # the last ones go out with [DONE]
+                yield b"".join(pending)
+                pending.clear()
         if opts and opts.include_usage:
             pending.append(sse.event({**head, "choices": [],
                                       "usage": _usage(outs, prompt_len)}))

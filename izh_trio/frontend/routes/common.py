@@ -12,9 +12,10 @@ import attrs
 import trio
 from quart import Quart, Request, g
 
+from izh_trio.frontend import request_scope
 from izh_trio.frontend.admission import Ticket
 from izh_trio.frontend.errors import APIError
-from izh_trio.frontend.generation import ChoiceSpec
+from izh_trio.frontend.generation import ChoiceSpec, Generation, GenerationPlan, open_generation
 from izh_trio.frontend.server import Server, ServerState
 from izh_trio.frontend.structured import Constraint, check_grammar, request_constraint
 from izh_trio.wire import SamplingParams
@@ -73,6 +74,18 @@ def admit(server: Server, request: Request, specs: Sequence[ChoiceSpec]) -> Tick
         ticket.release()
         raise
     return ticket
+
+
+async def open_streamed(server: Server, plan: GenerationPlan, ticket: Ticket) -> Generation:
+    """A streamed response's generation, opened now, in the route, and closed (aborting
+    whatever still runs) when the request ends: its requests reach the engine core before
+    quart starts the response (``request_scope``). A failure to open it returns the ticket
+    and is an ordinary error response."""
+    try:
+        return await request_scope.enter(open_generation(server, plan))
+    except BaseException:
+        ticket.release()
+        raise
 
 
 async def json_body(request: Request) -> Any:

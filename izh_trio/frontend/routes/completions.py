@@ -12,7 +12,13 @@ from quart import Blueprint, Response, current_app, request
 from izh_trio.frontend import sse
 from izh_trio.frontend.admission import TicketedBody
 from izh_trio.frontend.errors import APIError
-from izh_trio.frontend.generation import ChoiceDelta, ChoiceSpec, GenerationPlan, open_generation
+from izh_trio.frontend.generation import (
+    ChoiceDelta,
+    ChoiceSpec,
+    Generation,
+    GenerationPlan,
+    open_generation,
+)
 from izh_trio.frontend.openai_format import (
     TokenText,
     check_prompt,
@@ -27,12 +33,12 @@ from izh_trio.frontend.routes.common import (
     constrained,
     deadline_of,
     json_body,
+    open_streamed,
     request_id,
     resolve_model,
     server_of,
 )
 from izh_trio.frontend.schemas import CompletionRequest, parse_body
-from izh_trio.frontend.server import Server
 
 bp = Blueprint("completions", __name__)
 
@@ -102,7 +108,8 @@ async def completions() -> Any:
     outs = [_ChoiceOut(prompts[s.index // req.n]) for s in specs]
     render = _Renderer(req, TokenText(server.tokenizer.tokenizer))
     if req.stream:
-        body = _stream(server, req, job, outs, head, render)
+        gen = await open_streamed(server, job, ticket)
+        body = _stream(req, gen, outs, head, render)
         return Response(TicketedBody(body, ticket), mimetype="text/event-stream",
                         headers=sse.HEADERS)
     with ticket:
@@ -154,30 +161,29 @@ class _Renderer:
 
 
 async def _stream(
-    server: Server, req: CompletionRequest, job: GenerationPlan, outs: list[_ChoiceOut],
-    head: dict[str, Any], render: _Renderer,
+    req: CompletionRequest, gen: Generation, outs: list[_ChoiceOut], head: dict[str, Any],
+    render: _Renderer,
 ) -> AsyncIterator[bytes]:
     opts = req.stream_options
     pending: list[bytes] = []  # events of this wake-up, sent as one write
     try:
-        async with open_generation(server, job) as gen:
-            while deltas := await gen.next():
-                for d in deltas:
-                    out = outs[d.index]
-                    offset, since = out.text_len, len(out.token_ids)
-                    text = render.apply(out, d)
-                    if not text and d.finish_reason is None and req.logprobs is None:
-                        continue  # held back (a possible stop string) or half a character
-                    chunk = {**head, "choices": [render.choice(d.index, out, text,
-                                                               offset=offset, since=since)]}
-                    if opts and opts.continuous_usage_stats:
-                        chunk["usage"] = _usage(outs, req.n)
-                    elif opts and opts.include_usage:
-                        chunk["usage"] = None  # as OpenAI: the totals come in a last chunk
-                    pending.append(sse.event(chunk))
-                if pending and not gen.finished:  # the last ones go out with [DONE]
-                    yield b"".join(pending)
-                    pending.clear()
+        while deltas := await gen.next():
+            for d in deltas:
+                out = outs[d.index]
+                offset, since = out.text_len, len(out.token_ids)
+                text = render.apply(out, d)
+                if not text and d.finish_reason is None and req.logprobs is None:
+                    continue  # held back (a possible stop string) or half a character
+                chunk = {**head, "choices": [render.choice(d.index, out, text,
+                                                           offset=offset, since=since)]}
+                if opts and opts.continuous_usage_stats:
+                    chunk["usage"] = _usage(outs, req.n)
+                elif opts and opts.include_usage:
+                    chunk["usage"] = None  # as OpenAI: the totals come in a last chunk
+                pending.append(sse.event(chunk))
+            if pending and not gen.finished:  # the last ones go out with [DONE]
+                yield b"".join(pending)
+                pending.clear()
         if opts and opts.include_usage:
             pending.append(sse.event({**head, "choices": [], "usage": _usage(outs, req.n)}))
     except APIError as exc:  # the status line is gone: report in-band, then end the stream
