@@ -7,7 +7,9 @@
     python tools/bench_cpu_attention.py --prefill 32 --batch 32 --min-ctx 32 --max-ctx 32 \
         [--threads 2]
 
-Single thread, as the engine runs torch. The cache's blocks are handed out in a random
+Single thread, as the engine runs torch, and glibc told to keep freed memory as the engine
+process does (``process.keep_freed_memory``: otherwise every call's fresh 1 MB output
+page-faults, which is not what the engine pays). The cache's blocks are handed out in a random
 order, as after a while of admitting and finishing requests, so no call gets the hardware
 prefetcher's help across blocks for free. Prints milliseconds per call for the compiled
 kernel and for the torch path (gather K/V out of the cache with ``index_select``, then SDPA
@@ -90,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     torch.set_num_threads(args.threads)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from izh_trio.engine.process import keep_freed_memory
+
+    keep_freed_memory()
     if args.prefill:
         return _prefill(args)
     kernels = {path: _load(path) for path in args.module or ["package"]}
@@ -141,7 +147,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _prefill(args: argparse.Namespace) -> int:
     """A step of prefill chunks through the engine's attention: kernel rows against SDPA."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from izh_trio.engine import attention
     from izh_trio.engine.attention import ChunkSpec, StepAttention, build_metadata
 

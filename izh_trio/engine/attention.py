@@ -66,11 +66,12 @@ class PrefillChunk:
 
 #: A prefill chunk goes to the compiled kernel when its query rows times its context tokens
 #: stay under this. The kernel reads K/V once per query row, SDPA once per tile of rows, but
-#: SDPA pays ~40 us a call (~90 us with two threads, whose barriers also stall while another
-#: process holds the second core). Measured crossover, fp32, 4 heads of 64 (GQA 2), one
-#: thread: 16 x 1024 and 128 x 128 favour the kernel (0.8x and 0.9x of SDPA's time), 32 x
-#: 1024 and 256 x 256 favour SDPA (1.14x, 1.16x); a 32 x 32 prompt takes 0.5x (one thread)
-#: to 0.3x (two). ``tools/bench_cpu_attention.py --prefill`` measures it.
+#: SDPA costs ~45 us a call, one per chunk and layer, and with two threads each call is a
+#: parallel region whose barrier stalls while another process holds the second core (a step
+#: of 32 fresh 32-token prompts took 170-190 ms instead of ~30 next to a busy process). The
+#: crossover, fp32, 4 heads of 64 (GQA 2), ``tools/bench_cpu_attention.py --prefill N``:
+#: 16 x 1024 and 128 x 128 (rows x context) take 0.80x and 0.87x of SDPA's time, 64 x 256
+#: ~1.1x, 32 x 1024 1.1x, 256 x 256 1.0x; fresh 32-token prompts 0.45x.
 IN_PLACE_PREFILL_WORK = 16384
 
 
