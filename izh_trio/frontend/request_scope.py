@@ -5,7 +5,7 @@ after the status line went out. A generation opened inside the body therefore re
 engine core late: on trio every request of a burst passes each await of quart's response
 path before any of them opens its body, so in a burst of 32 the first AddRequest was queued
 ~10 ms after its route had returned. Opened in the route, it is queued as soon as the route
-has parsed the request (a wave at 256 streams then reached the core sooner: 8-9 % more
+has parsed the request (a wave at 256 streams then reached the core sooner: ~8 % more
 tokens/s at 256 x 128). The engine requests must still be aborted however the HTTP request
 ends, including a client gone before quart opened the body (which then never runs at all),
 so the generation is entered into this stack, which the ASGI wrapper closes when the
