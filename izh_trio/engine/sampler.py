@@ -10,6 +10,7 @@ from __future__ import annotations
 import attrs
 import torch
 
+from izh_trio.engine.cpu_argmax import argmax_rows
 from izh_trio.engine.guided import GuidedDecoding
 from izh_trio.engine.logits_processors import process_logits
 from izh_trio.engine.logprobs import token_logprobs
@@ -38,7 +39,7 @@ class Sampler:
         """logits: [S, V] fp32, one row per sequence in ``seqs``."""
         allowed = self._guided.mask(logits, seqs) if self._guided is not None else logits
         processed = process_logits(allowed, seqs)
-        tokens = processed.argmax(dim=-1)
+        tokens = argmax_rows(processed)  # the compiled loop on CPU, torch's elsewhere
         random_rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
         if random_rows:
             tokens[random_rows] = self._sample_random(processed[random_rows],
