@@ -15,6 +15,7 @@ from pathlib import Path
 import attrs
 import torch
 
+from izh_trio.engine import cpu_argmax
 from izh_trio.engine.attention import (
     ChunkSpec,
     StepAttention,
@@ -94,8 +95,10 @@ class ModelRunner:
                  "max_model_len %d", model_dir, self.dtype, self.device, self.attention.name,
                  self.num_blocks, config.block_size, self.max_model_len)
 
-        if self.device.type == "cpu" and self.dtype == torch.float32:
-            in_place_ok()  # compile the CPU decode kernel now, not inside the first decode step
+        if self.device.type == "cpu":  # compile the CPU kernels now, not inside a step
+            cpu_argmax.available()  # the sampler's logits are fp32 whatever the model's dtype
+            if self.dtype == torch.float32:
+                in_place_ok()
         self.graphs = None
         if use_graphs:
             from izh_trio.engine.cuda_graphs import DecodeGraphs
