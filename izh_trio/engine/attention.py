@@ -233,15 +233,10 @@ def paged_attention(
         )
         out[s : s + n] = o.squeeze(0).transpose(0, 1)
     if kernel and meta.in_place_tables is not None:
-        rows = meta.in_place_rows
-        if rows is None:
-            s = meta.in_place_start
-            out[s:] = cpu_attention.paged_decode(q[s:], k_cache, v_cache, meta.in_place_tables,
-                                                 meta.in_place_context_lens, scale)
-        else:
-            out[rows] = cpu_attention.paged_decode(q[rows], k_cache, v_cache,
-                                                   meta.in_place_tables,
-                                                   meta.in_place_context_lens, scale)
+        rows = slice(meta.in_place_start, None) if meta.in_place_rows is None else \
+            meta.in_place_rows
+        out[rows] = cpu_attention.paged_decode(q[rows], k_cache, v_cache, meta.in_place_tables,
+                                               meta.in_place_context_lens, scale)
     elif meta.decode_block_tables is not None:
         s = meta.num_prefill_tokens
         tables = meta.decode_block_tables
