@@ -1,16 +1,24 @@
 """Our server against vLLM's CPU build on the same checkpoint, same client, interleaved.
 
-    python tools/compare_peers.py [--model-dir DIR] [--rounds 2] [--out bench-results/peers]
+    python tools/compare_peers.py [--model-dir DIR] [--rounds 2] [--mode paired|sequential]
 
-One server runs at a time (an idle peer still takes CPU on a 2-core machine): each round starts
-ours, runs every workload, stops it, then does the same for vLLM (``../shared/tools/vllm-cpu-peer``,
-installed on first use). Each workload starts with one unmeasured wave of its own requests
-(as many as its concurrency, at least 8), so that neither server is measured while it still
-pays one-time costs (lazy compilation, first-touch memory, new connections): on a fresh server
-a 256-prompt 32x32 run was ~20 % slower than the same run just after it. The report is the
-median over rounds per server, and the ratios.
-Without ``--model-dir`` it writes the issue's reference checkpoint (2 layers, hidden 256,
-head_dim 64, vocab 2000, fp32; vLLM's CPU attention needs head_dim >= 32).
+This machine's speed drifts by a third over minutes (every process's CPU per token, the
+client's too, rises and falls together), so the two servers are best measured close together:
+
+* ``paired`` (the default): both servers stay up on two ports; every round runs each workload
+  on one and then the other, the order alternating between rounds, after the machine has gone
+  quiet (a server may spin for a second after its last request). Each round gives a ratio
+  from two runs a few seconds apart; the report adds the median of those per-round ratios.
+  An idle server's CPU during the other's run is reported as ``peer_idle_cpu_pct``.
+* ``sequential``: one server at a time, each round starts ours, runs every workload, stops
+  it, then does the same for vLLM (``../shared/tools/vllm-cpu-peer``, installed on first use).
+
+Each workload starts with one unmeasured wave of its own requests (as many as its concurrency,
+at least 8), so that neither server is measured while it still pays one-time costs (lazy
+compilation, first-touch memory, new connections): on a fresh server a 256-prompt 32x32 run
+was ~20 % slower than the same run just after it. The report is the median over rounds per
+server, and the ratios. Without ``--model-dir`` it writes the issue's reference checkpoint
+(2 layers, hidden 256, head_dim 64, vocab 2000, fp32; vLLM's CPU attention needs head_dim >= 32).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import json
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from bench import servers
@@ -33,7 +42,10 @@ WORKLOADS = {  # name: bench_serve arguments
                 "--output-len", "128"],
     "1x128": ["--num-prompts", "12", "--concurrency", "1", "--input-len", "32",
               "--output-len", "128"],
+    "smoke": ["--num-prompts", "8", "--concurrency", "4", "--input-len", "8",
+              "--output-len", "4"],  # not a benchmark: the tool's own test
 }
+DEFAULT_WORKLOADS = "32x32,256x128,1x128"
 METRICS = ("output_throughput", "median_ttft_ms", "median_itl_ms", "median_tpot_ms",
            "server_cpu_us_per_token", "client_cpu_us_per_token")
 
@@ -50,57 +62,120 @@ def _command(kind: str, model_dir: Path, port: int) -> list[str]:
     return [str(PEER), str(model_dir), str(port)]
 
 
+def _measure(kind: str, name: str, port: int, proc: subprocess.Popen, out: Path,
+             peer: subprocess.Popen | None = None) -> dict:
+    """One run of a workload against one server: bench_serve's point, plus CPU figures."""
+    cpu_before = servers.tree_cpu_s(proc.pid)
+    peer_before = servers.tree_cpu_s(peer.pid) if peer is not None else 0.0
+    started = time.monotonic()
+    subprocess.run([sys.executable, str(ROOT / "tools" / "bench_serve.py"),
+                    "--base-url", f"http://127.0.0.1:{port}",
+                    "--warmup", str(_warmup(WORKLOADS[name])),
+                    "--no-progress", "--label", kind, "--result-json", str(out),
+                    *WORKLOADS[name]], check=False, stdout=subprocess.DEVNULL)
+    point = json.loads(out.read_text())["points"][0]
+    # Warm-up requests included: a small overestimate, the same for both.
+    point["server_cpu_us_per_token"] = (
+        1e6 * (servers.tree_cpu_s(proc.pid) - cpu_before) / max(1, point["total_output_tokens"]))
+    if peer is not None:
+        point["peer_idle_cpu_pct"] = (100 * (servers.tree_cpu_s(peer.pid) - peer_before)
+                                      / (time.monotonic() - started))
+    return point
+
+
+def _record(results: dict, rnd: int, kind: str, name: str, point: dict) -> None:
+    results.setdefault(name, {}).setdefault(kind, []).append(point)
+    print(f"round {rnd} {kind:5} {name:8} " + "  ".join(
+        f"{m}={point[m]:.1f}" for m in (*METRICS, "peer_idle_cpu_pct") if point.get(m) is not None),
+        flush=True)
+
+
+def sequential(kinds: list[str], names: list[str], rounds: int, model_dir: Path, port: int,
+               out: Path) -> dict:
+    results: dict[str, dict[str, list[dict]]] = {}
+    for rnd in range(rounds):
+        for kind in kinds:
+            proc = servers.start(_command(kind, model_dir, port), out / f"{kind}-{rnd}.log")
+            try:
+                servers.wait_ready(port, proc)
+                for name in names:
+                    point = _measure(kind, name, port, proc, out / f"{kind}-{name}-{rnd}.json")
+                    _record(results, rnd, kind, name, point)
+            finally:
+                servers.stop(proc)
+    return results
+
+
+def paired(kinds: list[str], names: list[str], rounds: int, model_dir: Path, port: int,
+           out: Path, settle_timeout: float = 20.0) -> dict:
+    ports = {kind: port + i for i, kind in enumerate(kinds)}
+    procs: dict[str, subprocess.Popen] = {}
+    results: dict[str, dict[str, list[dict]]] = {}
+    try:
+        for kind in kinds:
+            procs[kind] = servers.start(_command(kind, model_dir, ports[kind]),
+                                        out / f"{kind}.log")
+        for kind in kinds:
+            servers.wait_ready(ports[kind], procs[kind])
+        for rnd in range(rounds):
+            for name in names:
+                for kind in kinds if rnd % 2 == 0 else kinds[::-1]:
+                    servers.settle(timeout=settle_timeout)
+                    peer = next((procs[k] for k in kinds if k != kind), None)
+                    point = _measure(kind, name, ports[kind], procs[kind],
+                                     out / f"{kind}-{name}-{rnd}.json", peer)
+                    _record(results, rnd, kind, name, point)
+    finally:
+        for proc in procs.values():
+            servers.stop(proc)
+    return results
+
+
+def report(results: dict, out: Path) -> dict:
+    """Medians per server, the ratio of the medians and, where both ran every round, the
+    median of the per-round ratios."""
+    summary: dict = {}
+    print(f"\n{'workload':10}{'metric':26}{'izh':>10}{'vllm':>10}{'izh/vllm':>10}"
+          f"{'per-round':>11}")
+    for name, by_kind in results.items():
+        for metric in METRICS:
+            med = {k: statistics.median(pt[metric] for pt in pts) for k, pts in by_kind.items()}
+            ratio = (med["izh"] / med["vllm"] if {"izh", "vllm"} <= med.keys() and med["vllm"]
+                     else None)  # a peer that sent everything in one chunk has ITL 0
+            pairs = [a[metric] / b[metric] for a, b in
+                     zip(by_kind.get("izh", []), by_kind.get("vllm", []), strict=False)
+                     if b[metric]]
+            per_round = statistics.median(pairs) if pairs else None
+            summary.setdefault(name, {})[metric] = {**med, "ratio": ratio,
+                                                    "per_round_ratio": per_round}
+            print(f"{name:10}{metric:26}{med.get('izh', float('nan')):10.1f}"
+                  f"{med.get('vllm', float('nan')):10.1f}"
+                  f"{ratio if ratio is not None else float('nan'):10.2f}"
+                  f"{per_round if per_round is not None else float('nan'):11.2f}")
+    summary["runs"] = results
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-dir", type=Path)
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--port", type=int, default=8300)
+    p.add_argument("--mode", choices=("paired", "sequential"), default="paired")
+    p.add_argument("--port", type=int, default=8300, help="the first server's (paired: +1)")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results" / "peers")
     p.add_argument("--servers", default="izh,vllm")
-    p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument("--workloads", default=DEFAULT_WORKLOADS, help=f"of {', '.join(WORKLOADS)}")
+    p.add_argument("--settle-timeout", type=float, default=20.0,
+                   help="paired: at most this long waiting for a quiet machine before a run")
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     model_dir = a.model_dir or a.out / "tiny-qwen3"
     if a.model_dir is None and not (model_dir / "config.json").is_file():
         subprocess.run([sys.executable, str(ROOT / "tools" / "make_tiny_checkpoint.py"),
                         str(model_dir)], check=True)
-    results: dict[str, dict[str, list[dict]]] = {}
-    for rnd in range(a.rounds):
-        for kind in a.servers.split(","):
-            proc = servers.start(_command(kind, model_dir, a.port), a.out / f"{kind}-{rnd}.log")
-            try:
-                servers.wait_ready(a.port, proc)
-                for name in a.workloads.split(","):
-                    out = a.out / f"{kind}-{name}-{rnd}.json"
-                    cpu_before = servers.tree_cpu_s(proc.pid)
-                    subprocess.run([sys.executable, str(ROOT / "tools" / "bench_serve.py"),
-                                    "--base-url", f"http://127.0.0.1:{a.port}",
-                                    "--warmup", str(_warmup(WORKLOADS[name])),
-                                    "--no-progress", "--label", kind, "--result-json", str(out),
-                                    *WORKLOADS[name]], check=False, stdout=subprocess.DEVNULL)
-                    point = json.loads(out.read_text())["points"][0]
-                    # Warm-up requests included: a small overestimate, the same for both.
-                    point["server_cpu_us_per_token"] = (
-                        1e6 * (servers.tree_cpu_s(proc.pid) - cpu_before)
-                        / max(1, point["total_output_tokens"]))
-                    results.setdefault(name, {}).setdefault(kind, []).append(point)
-                    print(f"round {rnd} {kind:5} {name:8} " + "  ".join(
-                        f"{m}={point[m]:.1f}" for m in METRICS if point.get(m) is not None),
-                        flush=True)
-            finally:
-                servers.stop(proc)
-    report = {}
-    print(f"\n{'workload':10}{'metric':20}{'izh':>12}{'vllm':>12}{'izh/vllm':>10}")
-    for name, by_kind in results.items():
-        for metric in METRICS:
-            med = {k: statistics.median(pt[metric] for pt in pts) for k, pts in by_kind.items()}
-            ratio = (med["izh"] / med["vllm"] if {"izh", "vllm"} <= med.keys() and med["vllm"]
-                     else None)  # a peer that sent everything in one chunk has ITL 0
-            report.setdefault(name, {})[metric] = {**med, "ratio": ratio}
-            print(f"{name:10}{metric:20}{med.get('izh', float('nan')):12.1f}"
-                  f"{med.get('vllm', float('nan')):12.1f}"
-                  f"{ratio if ratio is not None else float('nan'):10.2f}")
-    (a.out / "summary.json").write_text(json.dumps(report, indent=2))
+    args = (a.servers.split(","), a.workloads.split(","), a.rounds, model_dir, a.port, a.out)
+    report(paired(*args, a.settle_timeout) if a.mode == "paired" else sequential(*args), a.out)
 
 
 if __name__ == "__main__":

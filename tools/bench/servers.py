@@ -55,3 +55,27 @@ def stop(proc: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def machine_busy(interval: float = 0.5) -> float:
+    """The share of all CPUs busy over the next ``interval`` seconds (Linux /proc/stat)."""
+
+    def snap() -> tuple[int, int]:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return sum(fields[:8]), fields[3] + fields[4]  # all but guest time; idle + iowait
+
+    total0, idle0 = snap()
+    time.sleep(interval)
+    total1, idle1 = snap()
+    return 1.0 - (idle1 - idle0) / max(1, total1 - total0)
+
+
+def settle(below: float = 0.1, timeout: float = 20.0) -> float:
+    """Wait until the machine is quiet (busy share under ``below``), at most ``timeout``
+    seconds; the last share seen. A server that spins for a while after its last request
+    would otherwise take CPU from the next run."""
+    deadline = time.monotonic() + timeout
+    while True:
+        busy = machine_busy()
+        if busy < below or time.monotonic() >= deadline:
+            return busy
