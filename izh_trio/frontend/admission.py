@@ -1,15 +1,12 @@
 """Admission control: a cap on generations in flight, decided before any byte is sent.
 
-A ticket is held for the whole generation. For a streamed response that means until the body
-iterator ends or is closed. If the client leaves while the status line is being sent, quart
-never even opens the body (so never closes it): the body's finalizer returns the ticket then,
-as soon as the response object is dropped.
+A ticket is held for the whole generation: a non-streamed route holds it in a ``with`` block; a
+streamed one hands it to the request's scope (``routes.common.open_streamed``), which returns
+it when the HTTP request's ASGI call ends, even when quart never ran the body.
 """
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import AsyncIterator
 from types import TracebackType
 
 from izh_trio.frontend.errors import APIError
@@ -44,26 +41,3 @@ class Admission:
                            headers={"Retry-After": "1"})
         self.in_flight += 1
         return Ticket(self)
-
-
-class TicketedBody:
-    """Wraps a response body generator so its ticket is released however the body ends."""
-
-    def __init__(self, body: AsyncIterator[bytes], ticket: Ticket) -> None:
-        self._body = body
-        self._ticket = ticket
-        weakref.finalize(self, ticket.release)
-
-    def __aiter__(self) -> TicketedBody:
-        return self
-
-    async def __anext__(self) -> bytes:
-        try:
-            return await self._body.__anext__()
-        except BaseException:
-            self._ticket.release()
-            raise
-
-    async def aclose(self) -> None:
-        self._ticket.release()
-        await self._body.aclose()

@@ -9,11 +9,13 @@ has parsed the request (a wave at 256 streams then reached the core sooner: ~8 %
 tokens/s at 256 x 128). The engine requests must still be aborted however the HTTP request
 ends, including a client gone before quart opened the body (which then never runs at all),
 so the generation is entered into this stack, which the ASGI wrapper closes when the
-request's ASGI call ends for any reason: finished, failed, disconnected or cancelled.
+request's ASGI call ends for any reason: finished, failed, disconnected or cancelled. The
+request's admission ticket is returned from the same stack, just after the generation closes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from contextvars import ContextVar
 from typing import Any, TypeVar
@@ -40,10 +42,20 @@ def with_request_scope(asgi_app: Any) -> Any:
     return app
 
 
-async def enter(cm: AbstractAsyncContextManager[T]) -> T:
-    """Enter ``cm`` for the rest of the current HTTP request (it exits when the request's
-    ASGI call ends)."""
+def _stack() -> AsyncExitStack:
     stack = _STACK.get()
     if stack is None:
         raise RuntimeError("no request scope: the ASGI app is not wrapped by with_request_scope")
-    return await stack.enter_async_context(cm)
+    return stack
+
+
+async def enter(cm: AbstractAsyncContextManager[T]) -> T:
+    """Enter ``cm`` for the rest of the current HTTP request (it exits when the request's
+    ASGI call ends)."""
+    return await _stack().enter_async_context(cm)
+
+
+def at_exit(callback: Callable[[], object]) -> None:
+    """Call ``callback`` when the current HTTP request's ASGI call ends (after whatever was
+    entered later has exited)."""
+    _stack().callback(callback)

@@ -25,7 +25,8 @@ async def _idle_within(base: str, seconds: float) -> dict[str, float]:
         with trio.move_on_after(seconds):
             while True:
                 m = _parse((await client.get(base + "/metrics")).text)
-                if m["izh:num_requests_running"] == 0 and m["izh:kv_cache_usage_perc"] == 0:
+                if m["izh:num_requests_running"] == 0 and m["izh:kv_cache_usage_perc"] == 0 \
+                        and m["izh:num_requests_in_flight"] == 0:  # admission tickets too
                     return m
                 await trio.sleep(0.02)
     raise AssertionError(f"engine still busy after {seconds}s: {m}")

@@ -10,7 +10,6 @@ import attrs
 from quart import Blueprint, Response, current_app, request
 
 from izh_trio.frontend import sse
-from izh_trio.frontend.admission import TicketedBody
 from izh_trio.frontend.chat_messages import normalize_tools
 from izh_trio.frontend.chat_parser import ChatOutputParser, Event, ToolCall
 from izh_trio.frontend.errors import APIError
@@ -134,7 +133,7 @@ async def chat_completions() -> Any:
         gen = await open_streamed(server, job, ticket)
         stream = _stream(req, gen, outs, {**head, "object": "chat.completion.chunk"},
                          text_of, len(prompt_ids))
-        return Response(TicketedBody(stream, ticket), mimetype="text/event-stream",
+        return Response(stream, mimetype="text/event-stream",
                         headers=sse.HEADERS)
     with ticket:
         async with open_generation(server, job) as gen:

@@ -79,13 +79,16 @@ def admit(server: Server, request: Request, specs: Sequence[ChoiceSpec]) -> Tick
 async def open_streamed(server: Server, plan: GenerationPlan, ticket: Ticket) -> Generation:
     """A streamed response's generation, opened now, in the route, and closed (aborting
     whatever still runs) when the request ends: its requests reach the engine core before
-    quart starts the response (``request_scope``). A failure to open it returns the ticket
-    and is an ordinary error response."""
+    quart starts the response (``request_scope``). The ticket is returned when the request
+    ends too, right after the generation closes, however it ends: the body finished or
+    failed, the client left, or the body never ran (a client gone before the status line
+    went out). A generation that cannot be opened is an ordinary error response."""
     try:
-        return await request_scope.enter(open_generation(server, plan))
-    except BaseException:
+        request_scope.at_exit(ticket.release)
+    except RuntimeError:  # no request scope: an unwrapped app, a bug
         ticket.release()
         raise
+    return await request_scope.enter(open_generation(server, plan))
 
 
 async def json_body(request: Request) -> Any:

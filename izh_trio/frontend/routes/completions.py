@@ -10,7 +10,6 @@ import attrs
 from quart import Blueprint, Response, current_app, request
 
 from izh_trio.frontend import sse
-from izh_trio.frontend.admission import TicketedBody
 from izh_trio.frontend.errors import APIError
 from izh_trio.frontend.generation import (
     ChoiceDelta,
@@ -110,7 +109,7 @@ async def completions() -> Any:
     if req.stream:
         gen = await open_streamed(server, job, ticket)
         body = _stream(req, gen, outs, head, render)
-        return Response(TicketedBody(body, ticket), mimetype="text/event-stream",
+        return Response(body, mimetype="text/event-stream",
                         headers=sse.HEADERS)
     with ticket:
         async with open_generation(server, job) as gen:
