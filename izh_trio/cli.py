@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -85,6 +86,21 @@ def _settings_from(args: argparse.Namespace) -> Settings:
     return Settings(**{k: v for k, v in vars(args).items() if k in names})
 
 
+def check_address(host: str, port: int) -> None:
+    """Fail now, in one line, if the address cannot be listened on: hypercorn binds only after
+    the app's start-up, so a busy port would otherwise cost a model load and end in a
+    traceback. It binds as hypercorn's ``Config`` does (the family from the host's spelling,
+    SO_REUSEADDR); a port taken between this check and hypercorn's bind fails as before."""
+    bare = host.replace("[", "").replace("]", "")
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in bare else socket.AF_INET) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((bare, port))
+    except OSError as exc:
+        raise SystemExit(f"izh-trio: cannot listen on {host}:{port}: "
+                         f"{exc.strerror or exc}") from None
+
+
 def serve(settings: Settings, backlog: int = 2048) -> None:
     """hypercorn's trio worker on our app; SIGTERM/SIGINT start a drain, then a shutdown."""
     from hypercorn.config import Config
@@ -92,6 +108,7 @@ def serve(settings: Settings, backlog: int = 2048) -> None:
 
     from izh_trio.frontend.app import create_app
 
+    check_address(settings.host, settings.port)
     config = Config()
     config.bind = [f"{settings.host}:{settings.port}"]
     config.backlog = backlog  # hypercorn's 100 resets part of a 256-client burst

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import time
@@ -13,7 +14,7 @@ import pytest
 import torch
 import transformers
 
-from tests.e2e.conftest import free_port, running_server
+from tests.e2e.conftest import free_port, running_server, serve_args
 
 
 def test_greedy_tokens_equal_transformers(server: str, hf_dir: Path) -> None:
@@ -104,6 +105,18 @@ def test_hypercorn_cli_serves_the_default_tiny_model(tmp_path: Path) -> None:
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["completion_tokens"] >= 1
     assert (tmp_path / "cache" / "tiny-qwen3-v2" / "model.safetensors").is_file()
+
+
+def test_a_busy_port_fails_at_once_in_one_line() -> None:
+    """Before any model loads: the whole of stderr is the one line, exit status 1."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        done = subprocess.run(serve_args(None, port), capture_output=True, text=True,
+                              timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 1
+    assert done.stderr == f"izh-trio: cannot listen on 127.0.0.1:{port}: Address already in use\n"
 
 
 def test_process_boundary_imports() -> None:
