@@ -115,6 +115,7 @@ def serve(settings: Settings, backlog: int = 2048) -> None:
     config.startup_timeout = settings.startup_timeout
     config.graceful_timeout = 5.0  # the drain already waited for in-flight requests
     config.accesslog = None
+    config.errorlog = logging.getLogger("hypercorn.error")  # ours: one handler, one format
     app = create_app(settings)
 
     async def until_drained() -> None:
@@ -123,7 +124,13 @@ def serve(settings: Settings, backlog: int = 2048) -> None:
                 break
         await app.extensions["izh"].drain(settings.drain_timeout)
 
-    trio.run(lambda: hypercorn_serve(app, config, shutdown_trigger=until_drained))
+    try:
+        trio.run(lambda: hypercorn_serve(app, config, shutdown_trigger=until_drained))
+    except BaseException:
+        failure = app.extensions["izh"].startup_failure
+        if failure is None:
+            raise
+        raise SystemExit(f"izh-trio: cannot start: {failure}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,9 +146,14 @@ def main(argv: list[str] | None = None) -> int:
 
         print(make_tiny_checkpoint(args.dir))
         return 0
+    try:
+        settings = _settings_from(args)
+    except (TypeError, ValueError) as exc:  # the settings' own validators: a usage error
+        serve_parser = sub.choices["serve"]
+        serve_parser.error(str(exc))
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    serve(_settings_from(args), backlog=args.backlog)
+    serve(settings, backlog=args.backlog)
     return 0
 
 

@@ -63,6 +63,9 @@ class ModelRunner:
         self.block_size = config.block_size
         self.attention = get_backend(config.attention_backend, self.device)
         wanted_len = config.max_model_len or cfg.max_position_embeddings
+        if wanted_len > cfg.max_position_embeddings:  # RoPE was trained up to there, no further
+            raise ValueError(f"max_model_len {wanted_len} is longer than the checkpoint's "
+                             f"max_position_embeddings ({cfg.max_position_embeddings})")
 
         previous = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)

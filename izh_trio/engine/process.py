@@ -121,7 +121,9 @@ def serve(config: EngineConfig, in_fd: int, out_fd: int) -> int:
     try:
         core = EngineCore(config)
     except Exception as exc:
-        log.exception("engine failed to start")
+        # The frontend reports the reason; the traceback is for whoever debugs the engine.
+        log.error("engine failed to start: %s (IZH_ENGINE_LOG_LEVEL=DEBUG shows where)", exc)
+        log.debug("engine start-up traceback", exc_info=True)
         out.send([Fatal(f"engine failed to start: {exc}")])
         return 1
     gc.collect()

@@ -15,7 +15,7 @@ from izh_trio.frontend.errors import APIError, error_body
 from izh_trio.frontend.request_scope import with_request_scope
 from izh_trio.frontend.routes import BLUEPRINTS
 from izh_trio.frontend.routes.common import REQUEST_ID_HEADER
-from izh_trio.frontend.server import Server
+from izh_trio.frontend.server import Server, StartupError
 from izh_trio.frontend.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -31,6 +31,7 @@ def create_app(settings: Settings) -> QuartTrio:
     )
     server = Server(settings)
     app.extensions["izh"] = server
+    app.logger.addFilter(_startup_failure_in_one_line)
 
     @app.before_serving
     async def _start() -> None:
@@ -86,6 +87,15 @@ def create_app(settings: Settings) -> QuartTrio:
         app.register_blueprint(bp)
     app.asgi_app = with_request_scope(_shield_last_send(app.asgi_app))  # type: ignore[method-assign]
     return app
+
+
+def _startup_failure_in_one_line(record: logging.LogRecord) -> bool:
+    """quart logs a failed start-up with its traceback; a StartupError's message is the whole
+    story (a missing file, a device torch lacks), so it is logged as that one line."""
+    error = record.exc_info[1] if record.exc_info else None
+    if isinstance(error, StartupError):
+        record.msg, record.args, record.exc_info = "start-up failed: %s", (error,), None
+    return True
 
 
 def _shield_last_send(asgi_app: Any) -> Any:

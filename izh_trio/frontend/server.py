@@ -39,6 +39,18 @@ log = logging.getLogger(__name__)
 GC_FIRST_THRESHOLD = 50_000
 
 
+class StartupError(Exception):
+    """The server cannot start (a missing checkpoint, a device torch lacks, a setting the
+    engine refuses); the message says which, in one line, for the operator."""
+
+
+def _reason(exc: BaseException) -> str:
+    """The one-line reason inside whatever trio's nurseries wrapped around it."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return str(exc) or type(exc).__name__
+
+
 class ServerState(enum.Enum):
     """CREATED -> STARTING -> SERVING -> DRAINING -> STOPPED."""
 
@@ -66,11 +78,21 @@ class Server:
         self.loras: dict[str, str] = dict(settings.lora_modules)
         self.lora_lock = trio.Lock()  # one runtime update at a time
         self.engine_restarts = 0
+        self.startup_failure: str | None = None  # why ``start`` failed, for the CLI to say
         self._supervisor_done = trio.Event()
 
     async def start(self, nursery: trio.Nursery) -> None:
-        """Build or find the model, load the tokenizer, spawn the core and wait for Ready."""
+        """Build or find the model, load the tokenizer, spawn the core and wait for Ready;
+        any failure is a :class:`StartupError` (its cause logged at DEBUG)."""
         self.state = ServerState.STARTING
+        try:
+            await self._start(nursery)
+        except Exception as exc:
+            self.startup_failure = _reason(exc)
+            log.debug("start-up failed", exc_info=True)
+            raise StartupError(self.startup_failure) from None
+
+    async def _start(self, nursery: trio.Nursery) -> None:
         self.model_dir = await trio.to_thread.run_sync(self.settings.resolve_model_dir)
         self.model_name = self.settings.model_name(self.model_dir)
         if self.model_name in self.loras:

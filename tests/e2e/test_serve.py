@@ -119,6 +119,36 @@ def test_a_busy_port_fails_at_once_in_one_line() -> None:
     assert done.stderr == f"izh-trio: cannot listen on 127.0.0.1:{port}: Address already in use\n"
 
 
+def test_a_start_up_failure_is_one_line_not_a_traceback(hf_dir: Path, tmp_path: Path) -> None:
+    """A checkpoint without a tokenizer fails in the frontend; a max_model_len beyond the
+    checkpoint's positions fails in the engine core: either way the operator gets the reason
+    as the last line, exit status 1, and no traceback."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cases = [
+        (serve_args(empty, free_port()), f"izh-trio: cannot start: {empty} has no tokenizer.json"),
+        (serve_args(hf_dir, free_port(), "--max-model-len", "100000"),
+         "izh-trio: cannot start: engine failed to start: max_model_len 100000 is longer than "
+         "the checkpoint's max_position_embeddings (2048)"),
+    ]
+    for args, last_line in cases:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=120,
+                              stdin=subprocess.DEVNULL)
+        assert done.returncode == 1, done.stderr
+        assert done.stderr.splitlines()[-1] == last_line
+        assert "Traceback" not in done.stderr
+
+
+def test_a_setting_out_of_range_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    from izh_trio.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--kv-cache-gib", "0"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "izh-trio serve: error: 'kv_cache_gib' must be > 0: 0.0")
+
+
 def test_process_boundary_imports() -> None:
     """The frontend never loads torch; the engine never loads trio."""
     check = ("import sys, {mod}; bad = [m for m in {banned} if m in sys.modules]; "
