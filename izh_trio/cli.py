@@ -126,11 +126,19 @@ def serve(settings: Settings, backlog: int = 2048) -> None:
 
     try:
         trio.run(lambda: hypercorn_serve(app, config, shutdown_trigger=until_drained))
-    except BaseException:
+    except BaseException as exc:
         failure = app.extensions["izh"].startup_failure
-        if failure is None:
-            raise
-        raise SystemExit(f"izh-trio: cannot start: {failure}") from None
+        if failure is not None:
+            raise SystemExit(f"izh-trio: cannot start: {failure}") from None
+        if _interrupted(exc):  # Ctrl-C before serving began: nothing to drain, nothing to say
+            raise SystemExit(130) from None
+        raise
+
+
+def _interrupted(exc: BaseException) -> bool:
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.subgroup(KeyboardInterrupt) is not None
+    return isinstance(exc, KeyboardInterrupt)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,6 +7,11 @@ EOF on the input pipe ends the process: the kernel closes the server's end when 
 exits for any reason, SIGKILL included, and no other process holds it (it is close-on-exec).
 PDEATHSIG is deliberately not used: it fires when the *thread* that forked us exits, and trio
 spawns processes from a worker thread that its thread cache retires after a few idle seconds.
+
+SIGINT and SIGTERM are ignored. A terminal's Ctrl-C reaches the whole process group, and so
+does a service manager's stop (systemd's default): the server then drains its in-flight
+requests, which needs this process to go on stepping until the server says Shutdown or goes
+away. SIGKILL still ends it at once.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import json
 import logging
 import os
 import queue
+import signal
 import threading
 import traceback
 from collections.abc import MutableMapping
@@ -109,6 +115,8 @@ def stop_idle_openmp_spinning(environ: MutableMapping[str, str] = os.environ) ->
 
 
 def serve(config: EngineConfig, in_fd: int, out_fd: int) -> int:
+    for sig in (signal.SIGINT, signal.SIGTERM):  # the server decides when we stop
+        signal.signal(sig, signal.SIG_IGN)
     if config.device.startswith("cpu"):
         keep_freed_memory()  # before torch allocates anything
         stop_idle_openmp_spinning()

@@ -106,8 +106,12 @@ class EngineClient:
                "--out-fd", str(child_out),
                "--config", json.dumps(converter.unstructure(self.config))]
         try:
+            # A process group of its own: a terminal's Ctrl-C (sent to the foreground group)
+            # reaches only the server, which drains before it stops the core; had it reached
+            # the core while Python was still starting, before the core could ignore it,
+            # the core would die with a fatal error mid-start.
             self._process = await trio.lowlevel.open_process(
-                cmd, pass_fds=(child_in, child_out), stdin=subprocess.DEVNULL
+                cmd, pass_fds=(child_in, child_out), stdin=subprocess.DEVNULL, process_group=0
             )
         finally:
             os.close(child_in)

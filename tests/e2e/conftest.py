@@ -25,13 +25,14 @@ def free_port() -> int:
 @contextmanager
 def running_server(
     args: list[str], log_path: Path, *, env: dict[str, str] | None = None, port: int,
-    timeout: float = 120.0,
+    timeout: float = 120.0, new_session: bool = False,
 ) -> Iterator[tuple[str, subprocess.Popen]]:
-    """Start a server process, wait for /health, yield (base URL, process), stop it."""
+    """Start a server process, wait for /health, yield (base URL, process), stop it.
+    ``new_session``: in a process group of its own (which a test may signal as a whole)."""
     full_env = {**os.environ, **(env or {})}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=full_env,
-                                stdin=subprocess.DEVNULL)
+                                stdin=subprocess.DEVNULL, start_new_session=new_session)
         base = f"http://127.0.0.1:{port}"
         try:
             deadline = time.monotonic() + timeout

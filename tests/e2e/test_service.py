@@ -6,7 +6,9 @@ Each test runs against a real ``izh-trio serve`` process (its own when it needs 
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -116,17 +118,28 @@ def test_token_budget_per_key(hf_dir: Path, tmp_path: Path) -> None:
         assert call("gamma").status_code == 401
 
 
-def test_sigterm_drains_in_flight_streams_then_exits_0(hf_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["sigterm", "ctrl-c", "every-process"])
+def test_sigterm_drains_in_flight_streams_then_exits_0(hf_dir: Path, tmp_path: Path,
+                                                       how: str) -> None:
+    """SIGTERM to the server; SIGINT to its process group, as a terminal's Ctrl-C sends it; or
+    SIGTERM to every process, the engine core too, as systemd stops a service. The core must
+    keep stepping through the drain."""
     port = free_port()
     args = serve_args(hf_dir, port, "--drain-timeout", "30")
-    with running_server(args, tmp_path / "log", port=port) as (base, proc):
+    with running_server(args, tmp_path / "log", port=port, new_session=how == "ctrl-c") as (
+            base, proc):
         with ThreadPoolExecutor(6) as pool:
             streams = [pool.submit(_stream_events, base, {**STREAM, "max_tokens": 400})
                        for _ in range(6)]
             deadline = time.monotonic() + 10
             while scrape(base)["izh:num_requests_running"] < 6 and time.monotonic() < deadline:
                 time.sleep(0.02)
-            proc.send_signal(signal.SIGTERM)
+            if how == "ctrl-c":
+                os.killpg(proc.pid, signal.SIGINT)
+            else:
+                for pid in _engine_children(proc.pid) if how == "every-process" else []:
+                    os.kill(pid, signal.SIGTERM)
+                proc.send_signal(signal.SIGTERM)
             time.sleep(0.2)
             try:
                 late = httpx.post(base + "/v1/completions", json={"prompt": "x"}, timeout=5)
@@ -138,6 +151,46 @@ def test_sigterm_drains_in_flight_streams_then_exits_0(hf_dir: Path, tmp_path: P
                 events = f.result()
                 assert events[-1] == "data: [DONE]" and _finish_reason(events) == "length"
         assert proc.wait(timeout=30) == 0
+
+
+def test_ctrl_c_while_starting_exits_130_quietly_and_takes_the_core_along(
+        hf_dir: Path, tmp_path: Path) -> None:
+    port = free_port()
+    proc = subprocess.Popen(serve_args(hf_dir, port), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (children := _engine_children(proc.pid)):  # spawned, not ready yet
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, out
+    assert "Traceback" not in out
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{pid}").exists() for pid in children):
+        assert time.monotonic() < deadline, "the engine core outlived the server"
+        time.sleep(0.05)
+
+
+def _engine_children(pid: int) -> list[int]:
+    """The engine core among ``pid``'s children (not, say, the ``ldconfig`` that ctypes runs
+    while trio is being imported)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            try:
+                cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"izh_trio.engine" in cmdline:
+                found.append(int(child))
+    return found
 
 
 def test_drain_deadline_fails_what_is_left(hf_dir: Path, tmp_path: Path) -> None:
