@@ -116,7 +116,10 @@ def serve(settings: Settings, backlog: int = 2048) -> None:
     config.graceful_timeout = 5.0  # the drain already waited for in-flight requests
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")  # ours: one handler, one format
-    app = create_app(settings)
+    try:
+        app = create_app(settings)
+    except OSError as exc:  # an API keys file that cannot be read, say
+        raise SystemExit(f"izh-trio: cannot start: {exc}") from None
 
     async def until_drained() -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

@@ -120,13 +120,16 @@ def test_a_busy_port_fails_at_once_in_one_line() -> None:
 
 
 def test_a_start_up_failure_is_one_line_not_a_traceback(hf_dir: Path, tmp_path: Path) -> None:
-    """A checkpoint without a tokenizer fails in the frontend; a max_model_len beyond the
-    checkpoint's positions fails in the engine core: either way the operator gets the reason
-    as the last line, exit status 1, and no traceback."""
+    """A checkpoint without a tokenizer or a missing keys file fails in the frontend; a
+    max_model_len beyond the checkpoint's positions fails in the engine core. Either way the
+    operator gets the reason as the last line, exit status 1, and no traceback."""
     empty = tmp_path / "empty"
     empty.mkdir()
+    keys = tmp_path / "no-such-keys-file"
     cases = [
         (serve_args(empty, free_port()), f"izh-trio: cannot start: {empty} has no tokenizer.json"),
+        (serve_args(hf_dir, free_port(), "--api-keys-file", str(keys)),
+         f"izh-trio: cannot start: [Errno 2] No such file or directory: '{keys}'"),
         (serve_args(hf_dir, free_port(), "--max-model-len", "100000"),
          "izh-trio: cannot start: engine failed to start: max_model_len 100000 is longer than "
          "the checkpoint's max_position_embeddings (2048)"),
