@@ -210,6 +210,9 @@ def test_tokenize_and_detokenize(server: str, reference) -> None:
         ("chat/completions", {"messages": [{"role": "user", "content": "x"}],
                               "response_format": []}, 400, "response_format"),
         ("completions", {"prompt": "x", "cache_salt": ""}, 400, "cache_salt"),
+        ("chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "chat_template": "{{ messages[0].content }}"}, 400,
+         "chat_template"),
     ],
 )
 def test_more_bad_requests(server: str, route: str, body: dict, status: int, param: str) -> None:

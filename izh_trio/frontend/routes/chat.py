@@ -102,6 +102,11 @@ async def chat_completions() -> Any:
     server = server_of(current_app)
     body = await json_body(request)
     req = parse_body(ChatCompletionRequest, body)
+    if body.get("chat_template") is not None:  # parse_body saw it is an object
+        # Ignoring it would answer with the wrong template; running a client's Jinja is a
+        # trust decision (vLLM refuses it too unless told to trust request templates).
+        raise APIError(400, "a per-request chat_template is not accepted; the model's own "
+                            "template is used", param="chat_template")
     model, lora = resolve_model(server, req.model, req.lora)
     check_salt(req.cache_salt)
     if req.top_logprobs is not None and not req.logprobs:
