@@ -8,6 +8,7 @@ import signal
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 import attrs
 import trio
@@ -102,9 +103,8 @@ def check_address(host: str, port: int) -> None:
 
 
 def serve(settings: Settings, backlog: int = 2048) -> None:
-    """hypercorn's trio worker on our app; SIGTERM/SIGINT start a drain, then a shutdown."""
+    """hypercorn's trio worker on our app until SIGINT or SIGTERM (see ``_serve``)."""
     from hypercorn.config import Config
-    from hypercorn.trio import serve as hypercorn_serve
 
     from izh_trio.frontend.app import create_app
 
@@ -120,28 +120,53 @@ def serve(settings: Settings, backlog: int = 2048) -> None:
         app = create_app(settings)
     except OSError as exc:  # an API keys file that cannot be read, say
         raise SystemExit(f"izh-trio: cannot start: {exc}") from None
-
-    async def until_drained() -> None:
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for _ in signals:
-                break
-        await app.extensions["izh"].drain(settings.drain_timeout)
-
+    server = app.extensions["izh"]
     try:
-        trio.run(lambda: hypercorn_serve(app, config, shutdown_trigger=until_drained))
-    except BaseException as exc:
-        failure = app.extensions["izh"].startup_failure
-        if failure is not None:
-            raise SystemExit(f"izh-trio: cannot start: {failure}") from None
-        if _interrupted(exc):  # Ctrl-C before serving began: nothing to drain, nothing to say
-            raise SystemExit(130) from None
+        status = trio.run(_serve, app, config, settings.drain_timeout)
+    except BaseException:
+        if server.startup_failure is not None:
+            raise SystemExit(f"izh-trio: cannot start: {server.startup_failure}") from None
         raise
+    if status:
+        raise SystemExit(status)
 
 
-def _interrupted(exc: BaseException) -> bool:
-    if isinstance(exc, BaseExceptionGroup):
-        return exc.subgroup(KeyboardInterrupt) is not None
-    return isinstance(exc, KeyboardInterrupt)
+async def _serve(app: Any, config: Any, drain_timeout: float) -> int:
+    """Serve until signalled; the exit status (0, or 130 when interrupted).
+
+    SIGINT and SIGTERM are ours from the first moment, never a KeyboardInterrupt: one raised
+    inside the app's start-up comes out of trio's nurseries as an exception group, which
+    hypercorn takes for a framework without lifespan support, and it goes on serving a server
+    that never started. The first signal drains a serving server (then exit 0) or abandons a
+    start-up; a second one stops at once."""
+    from hypercorn.trio import serve as hypercorn_serve
+
+    from izh_trio.frontend.server import ServerState
+
+    server = app.extensions["izh"]
+    stop = trio.Event()
+    status = 0
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def watch() -> None:
+                nonlocal status
+                async for _ in signals:
+                    if stop.is_set() or server.state in (ServerState.CREATED,
+                                                         ServerState.STARTING):
+                        status = 130
+                        nursery.cancel_scope.cancel()
+                        return
+                    stop.set()
+
+            async def until_drained() -> None:
+                await stop.wait()
+                await server.drain(drain_timeout)
+
+            nursery.start_soon(watch)
+            await hypercorn_serve(app, config, shutdown_trigger=until_drained)
+            nursery.cancel_scope.cancel()
+    return status
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -164,7 +189,10 @@ def main(argv: list[str] | None = None) -> int:
         serve_parser.error(str(exc))
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    serve(settings, backlog=args.backlog)
+    try:
+        serve(settings, backlog=args.backlog)
+    except KeyboardInterrupt:  # before the server took the signals over
+        return 130
     return 0
 
 

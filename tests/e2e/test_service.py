@@ -193,13 +193,34 @@ def _engine_children(pid: int) -> list[int]:
     return found
 
 
+def test_a_second_signal_stops_the_drain_at_once(hf_dir: Path, tmp_path: Path) -> None:
+    port = free_port()
+    with running_server(serve_args(hf_dir, port, "--drain-timeout", "60"), tmp_path / "log",
+                        port=port) as (base, proc), ThreadPoolExecutor(1) as pool:
+        stream = pool.submit(_stream_events, base, {**STREAM, "max_tokens": 1900})
+        deadline = time.monotonic() + 10
+        while scrape(base)["izh:num_requests_running"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)  # a drain that would wait for the stream
+        time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 130
+        try:
+            events = stream.result()
+        except httpx.HTTPError:
+            events = []
+        assert "data: [DONE]" not in events  # the stream was cut, not finished
+
+
 def test_drain_deadline_fails_what_is_left(hf_dir: Path, tmp_path: Path) -> None:
     port = free_port()
     with running_server(serve_args(hf_dir, port, "--drain-timeout", "0.5"), tmp_path / "log",
                         port=port) as (base, proc):
         with ThreadPoolExecutor(1) as pool:
             stream = pool.submit(_stream_events, base, {**STREAM, "max_tokens": 1900})
-            time.sleep(0.5)
+            deadline = time.monotonic() + 10  # running, ~1 s of tokens ahead of it
+            while scrape(base)["izh:num_requests_running"] < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
             proc.send_signal(signal.SIGTERM)
             events = stream.result()
         assert events[-1] == "data: [DONE]"
