@@ -119,16 +119,20 @@ def serve(settings: Settings, backlog: int = 2048) -> None:
     try:
         app = create_app(settings)
     except OSError as exc:  # an API keys file that cannot be read, say
-        raise SystemExit(f"izh-trio: cannot start: {exc}") from None
+        raise _cannot_start(exc) from None
     server = app.extensions["izh"]
     try:
         status = trio.run(_serve, app, config, settings.drain_timeout)
     except BaseException:
         if server.startup_failure is not None:
-            raise SystemExit(f"izh-trio: cannot start: {server.startup_failure}") from None
+            raise _cannot_start(server.startup_failure) from None
         raise
     if status:
         raise SystemExit(status)
+
+
+def _cannot_start(reason: object) -> SystemExit:
+    return SystemExit(f"izh-trio: cannot start: {reason}")
 
 
 async def _serve(app: Any, config: Any, drain_timeout: float) -> int:

@@ -8,10 +8,11 @@ exits for any reason, SIGKILL included, and no other process holds it (it is clo
 PDEATHSIG is deliberately not used: it fires when the *thread* that forked us exits, and trio
 spawns processes from a worker thread that its thread cache retires after a few idle seconds.
 
-SIGINT and SIGTERM are ignored. A terminal's Ctrl-C reaches the whole process group, and so
-does a service manager's stop (systemd's default): the server then drains its in-flight
-requests, which needs this process to go on stepping until the server says Shutdown or goes
-away. SIGKILL still ends it at once.
+SIGINT and SIGTERM are ignored. The server drains its in-flight requests when it gets either,
+which needs this process to go on stepping until the server says Shutdown or goes away. The
+server spawns it in a process group of its own, out of a terminal's Ctrl-C; a service
+manager that signals every process of the service (systemd's default) still reaches it.
+SIGKILL ends it at once.
 """
 
 from __future__ import annotations

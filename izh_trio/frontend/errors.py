@@ -17,6 +17,14 @@ _TYPES = {
 }
 
 
+def innermost_message(exc: BaseException) -> str:
+    """The message of the first leaf inside whatever exception groups wrap ``exc`` (trio's
+    nurseries and cattrs both group what they raise)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return str(exc) or type(exc).__name__
+
+
 class APIError(Exception):
     """Raised anywhere in a route; the app turns it into the error body and status."""
 

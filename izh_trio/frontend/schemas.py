@@ -13,7 +13,7 @@ import attrs
 import cattrs
 from attrs import validators as v
 
-from izh_trio.frontend.errors import APIError
+from izh_trio.frontend.errors import APIError, innermost_message
 
 T = TypeVar("T")
 Hook = Callable[[Any], Any]
@@ -196,16 +196,10 @@ def parse_body(cls: type[T], body: Any) -> T:
         try:
             values[field.name] = api_converter.structure(raw, field.type)
         except Exception as exc:  # whatever a client's value breaks is the client's 400
-            detail = _first_message(exc)
+            detail = innermost_message(exc)
             raise APIError(400, f"invalid '{field.name}': {detail}", param=field.name) from None
     try:
         return cls(**values)
     except (TypeError, ValueError) as exc:
         match = re.search(r"'(\w+)'", str(exc))  # attrs validators quote the field's name
         raise APIError(400, str(exc), param=match[1] if match else None) from None
-
-
-def _first_message(exc: BaseException) -> str:
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    return str(exc)

@@ -18,6 +18,7 @@ import trio
 
 from izh_trio.frontend.admission import Admission
 from izh_trio.frontend.engine_client import ClientState, EngineClient, EngineUnavailable
+from izh_trio.frontend.errors import innermost_message
 from izh_trio.frontend.limits import RateLimiter
 from izh_trio.frontend.metrics import Metrics
 from izh_trio.frontend.settings import Settings
@@ -42,13 +43,6 @@ GC_FIRST_THRESHOLD = 50_000
 class StartupError(Exception):
     """The server cannot start (a missing checkpoint, a device torch lacks, a setting the
     engine refuses); the message says which, in one line, for the operator."""
-
-
-def _reason(exc: BaseException) -> str:
-    """The one-line reason inside whatever trio's nurseries wrapped around it."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return str(exc) or type(exc).__name__
 
 
 class ServerState(enum.Enum):
@@ -88,7 +82,7 @@ class Server:
         try:
             await self._start(nursery)
         except Exception as exc:
-            self.startup_failure = _reason(exc)
+            self.startup_failure = innermost_message(exc)
             log.debug("start-up failed", exc_info=True)
             raise StartupError(self.startup_failure) from None
 
