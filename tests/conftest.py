@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -43,3 +44,42 @@ def save_transformers_qwen3(
 def hf_dir(tmp_path_factory: pytest.TempPathFactory, tiny_dir: Path) -> Path:
     """A transformers-made Qwen3 with a tied head, as Qwen3-0.6B has."""
     return save_transformers_qwen3(tmp_path_factory.mktemp("ckpt") / "hf-qwen3", tiny_dir)
+
+
+#: Tags a hub tokenizer.json may mark special while tokenizer_config.json says they are not.
+MARKERS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>",
+           "</think>")
+
+
+def save_disagreeing_tokenizer(tokenizer_dir: Path, out: Path) -> Path:
+    """The tokenizer re-saved by transformers' ``save_pretrained``, then given what some hub
+    checkpoints carry: ``tokenizer.json`` marks the chat markers special while the config's
+    ``added_tokens_decoder`` (which transformers honours) says they are not."""
+    import transformers
+
+    transformers.AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
+    path = out / "tokenizer.json"
+    data = json.loads(path.read_text())
+    decoder = {}
+    for token in data["added_tokens"]:
+        decoder[str(token["id"])] = {k: v for k, v in token.items() if k != "id"}
+        if token["content"] in MARKERS:
+            token["special"] = True
+    path.write_text(json.dumps(data, ensure_ascii=False))
+    config_path = out / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["added_tokens_decoder"] = decoder
+    config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False))
+    return out
+
+
+@pytest.fixture(scope="session")
+def hub_dir(tmp_path_factory: pytest.TempPathFactory, tiny_dir: Path) -> Path:
+    """A transformers-made Qwen3 (tied head) whose tokenizer files were written by
+    transformers too, with the tokenizer.json/config disagreement on the chat markers."""
+    out = tmp_path_factory.mktemp("ckpt") / "hub-qwen3"
+    save_transformers_qwen3(out, tiny_dir)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (out / name).unlink()
+    save_disagreeing_tokenizer(tiny_dir, out)
+    return out

@@ -19,6 +19,8 @@ import attrs
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+#: The tags this parser reads: decoded even where a checkpoint calls them special tokens.
+MARKERS = (THINK_OPEN, THINK_CLOSE, CALL_OPEN, CALL_CLOSE)
 
 
 @attrs.frozen

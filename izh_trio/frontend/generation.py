@@ -20,7 +20,6 @@ from contextlib import AsyncExitStack, asynccontextmanager
 import attrs
 import trio
 
-from izh_trio.frontend.detokenizer import IncrementalDetokenizer
 from izh_trio.frontend.engine_client import EngineUnavailable
 from izh_trio.frontend.errors import APIError
 from izh_trio.frontend.metrics import Metrics
@@ -38,6 +37,8 @@ class ChoiceSpec:
     stop: tuple[str, ...] = ()
     include_stop_str: bool = False
     skip_special_tokens: bool = True
+    #: Special tokens shown even when skipping them: the markers an output parser reads.
+    keep_special: frozenset[int] = frozenset()
 
 
 @attrs.define
@@ -59,7 +60,7 @@ class _Choice:
     def __init__(self, spec: ChoiceSpec, stream: RequestStream, server: Server) -> None:
         self.spec = spec
         self.stream = stream
-        self.detok = IncrementalDetokenizer(server.tokenizer.tokenizer, spec.skip_special_tokens)
+        self.detok = server.tokenizer.detokenizer(spec.skip_special_tokens, spec.keep_special)
         self.stop = StopChecker(spec.stop, spec.include_stop_str)
         self.done = False
         self.started = False
@@ -85,7 +86,9 @@ class _Choice:
         shown, stop_token = delta.token_ids, delta.stop_token_id
         if stop_token is not None and not self.spec.include_stop_str:
             shown = shown[:-1]  # the eos or stop token itself is not part of the text
-        text = self.stop.push(self.detok.push(shown), final=engine_done or expiring)
+        final = engine_done or expiring
+        text = self.detok.push(shown) + (self.detok.finish() if final else "")
+        text = self.stop.push(text, final=final)
         reason: str | None = (delta.finish_reason.value if engine_done
                               else "length" if expiring else None)
         # Like vLLM: stop_reason names the request's own stop token, not the eos.
@@ -105,7 +108,8 @@ class _Choice:
         self.stream.abort()
         if delta is not None:
             return delta
-        return self._delta(self.stop.push("", final=True), [], None, None, "length", None,
+        return self._delta(self.stop.push(self.detok.finish(), final=True), [], None, None,
+                           "length", None,
                            metrics, time.monotonic() - arrival)
 
     def _delta(self, text: str, token_ids: list[int], logprobs: list | None,

@@ -1,19 +1,22 @@
 """The checkpoint's tokenizer and generation defaults, as the frontend needs them.
 
-Only ``tokenizers`` (Rust) is used: no transformers, no torch in the HTTP process.
+Only ``tokenizers`` (Rust) is used: no transformers, no torch in the HTTP process; the
+files are read as transformers reads them (``tokenizer_loading``).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import attrs
 import llguidance
-from tokenizers import Tokenizer
 
 from izh_trio.frontend.chat_template import ChatTemplate
+from izh_trio.frontend.detokenizer import IncrementalDetokenizer
+from izh_trio.frontend.tokenizer_loading import clean_up_tokenization, load_tokenizer
 
 
 @attrs.frozen
@@ -41,14 +44,13 @@ class GenerationDefaults:
 
 class ModelTokenizer:
     def __init__(self, model_dir: Path) -> None:
-        path = model_dir / "tokenizer.json"
-        if not path.is_file():
-            raise FileNotFoundError(f"{model_dir} has no tokenizer.json")
-        self.tokenizer = Tokenizer.from_file(str(path))
         config_path = model_dir / "tokenizer_config.json"
         self.config: dict[str, Any] = (
             json.loads(config_path.read_text()) if config_path.is_file() else {}
         )
+        loaded = load_tokenizer(model_dir, self.config)
+        self.tokenizer = loaded.tokenizer
+        self._clean_up = loaded.clean_up_spaces
         # transformers >= 4.43 may write the template beside the config instead of inside it.
         template_file = model_dir / "chat_template.jinja"
         if template_file.is_file():
@@ -56,7 +58,9 @@ class ModelTokenizer:
         self.chat_template = ChatTemplate.from_tokenizer_config(self.config)
         self.defaults = GenerationDefaults.from_file(model_dir / "generation_config.json")
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
-        self._tokenizer_json = path
+        self.special_ids = frozenset(
+            i for i, t in self.tokenizer.get_added_tokens_decoder().items() if t.special)
+        self._tokenizer_json = model_dir / "tokenizer.json"
         self._ll_tokenizer: llguidance.LLTokenizer | None = None
 
     @property
@@ -66,9 +70,21 @@ class ModelTokenizer:
             self._ll_tokenizer = llguidance.LLTokenizer(self._tokenizer_json.read_text())
         return self._ll_tokenizer
 
-    def encode(self, text: str) -> list[int]:
-        # Qwen3 adds no BOS; special-token text in a prompt is parsed as the special token.
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
+        """Text to ids; special-token text in it is parsed as the special token. A rendered
+        chat prompt carries its own BOS, so only raw completions prompts ask for one."""
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+        text = self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+        return clean_up_tokenization(text) if self._clean_up else text
+
+    def ids_of(self, texts: Iterable[str]) -> frozenset[int]:
+        """The ids of those texts that are single tokens of the vocabulary."""
+        return frozenset(i for t in texts if (i := self.tokenizer.token_to_id(t)) is not None)
+
+    def detokenizer(self, skip_special_tokens: bool = True,
+                    keep: frozenset[int] = frozenset()) -> IncrementalDetokenizer:
+        """A stream decoder for one output; ``keep``: special ids shown even when skipping."""
+        skip = self.special_ids - keep if skip_special_tokens else frozenset()
+        return IncrementalDetokenizer(self.tokenizer, skip, clean_up_spaces=self._clean_up)
