@@ -12,7 +12,7 @@ from typing import Any
 
 from izh_trio.frontend.errors import APIError
 
-ROLES = ("system", "developer", "user", "assistant", "tool")
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
 
 def _bad(where: str, problem: str, param: str = "messages") -> APIError:
@@ -100,12 +100,18 @@ def _message(message: Any, where: str) -> dict[str, Any]:
     if role not in ROLES:
         shown = repr(role) if isinstance(role, str) else _kind(role)
         raise _bad(f"{where}.role", f"unsupported role {shown}; expected one of {', '.join(ROLES)}")
-    out: dict[str, Any] = {"role": "system" if role == "developer" else role}
+    # The legacy function-calling roles are the tool ones, as templates only know those.
+    out: dict[str, Any] = {"role": {"developer": "system", "function": "tool"}.get(role, role)}
     content = message.get("content")
     calls = message.get("tool_calls")
     if calls is not None and role != "assistant":
         raise _bad(f"{where}.tool_calls", "only assistant messages may carry tool_calls")
-    if role == "assistant" and calls is not None:
+    if message.get("function_call") is not None:  # the legacy spelling of one tool call
+        if role != "assistant" or calls is not None:
+            raise _bad(f"{where}.function_call", "only an assistant message without tool_calls "
+                                                 "may carry function_call")
+        calls = [_tool_call({"function": message["function_call"]}, f"{where}.function_call")]
+    elif role == "assistant" and calls is not None:
         if not isinstance(calls, list):
             raise _bad(f"{where}.tool_calls", f"must be an array, not {_kind(calls)}")
         calls = [_tool_call(c, f"{where}.tool_calls[{i}]") for i, c in enumerate(calls)]

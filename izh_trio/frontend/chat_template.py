@@ -18,8 +18,9 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from izh_trio.frontend.chat_messages import normalize_messages, normalize_tools
 from izh_trio.frontend.errors import APIError
+from izh_trio.frontend.schemas import REASONING_EFFORTS
 
-__all__ = ["ChatTemplate", "normalize_messages", "normalize_tools"]
+__all__ = ["ChatTemplate", "normalize_messages", "normalize_tools", "with_reasoning_effort"]
 
 # The named special tokens transformers hands every template (``special_tokens_map``).
 SPECIAL_TOKEN_KEYS = (
@@ -122,6 +123,14 @@ class ChatTemplate:
                                param="messages")
             text = text[:end]
         return text
+
+
+def with_reasoning_effort(kwargs: Any, reasoning_effort: str | None) -> Any:
+    """``chat_template_kwargs`` with the ``enable_thinking`` that OpenAI's
+    ``reasoning_effort`` asks for, unless the client set ``enable_thinking`` there itself."""
+    if reasoning_effort is None or not (kwargs is None or isinstance(kwargs, dict)):
+        return kwargs  # a kwargs of the wrong type is render's 400 to report
+    return {"enable_thinking": REASONING_EFFORTS[reasoning_effort], **(kwargs or {})}
 
 
 def _template_kwargs(kwargs: Any) -> dict[str, Any]:

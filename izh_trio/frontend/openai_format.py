@@ -23,6 +23,21 @@ def check_prompt(server: Server, prompt_ids: list[int]) -> None:
         raise APIError(400, f"prompt token ids must be in [0, {vocab})", param="prompt")
 
 
+def request_salt(req: SamplingFields) -> str | None:
+    """The prefix cache's salt: ``cache_salt``, or OpenAI's ``prompt_cache_key`` (the same
+    partition under another name); both given and different is a 400."""
+    if req.cache_salt is not None and req.prompt_cache_key is not None \
+            and req.cache_salt != req.prompt_cache_key:
+        raise APIError(400, "cache_salt and prompt_cache_key both name the prefix cache's "
+                            "partition and differ; give one", param="prompt_cache_key")
+    for name in ("cache_salt", "prompt_cache_key"):
+        try:  # it crosses the engine pipe as UTF-8, which a lone surrogate cannot be
+            (getattr(req, name) or "").encode()
+        except UnicodeEncodeError:
+            raise APIError(400, f"{name} must be valid Unicode text", param=name) from None
+    return req.cache_salt if req.cache_salt is not None else req.prompt_cache_key
+
+
 def sampling_params(
     server: Server, req: SamplingFields, prompt_len: int, *, max_tokens: int | None,
     logprobs: int | None = None, prompt_logprobs: int | None = None, index: int = 0,

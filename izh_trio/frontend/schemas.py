@@ -3,11 +3,14 @@
 Strict means JSON types are checked, not coerced: ``"max_tokens": "5"`` or ``true`` for an
 integer is a 400 naming the field, as OpenAI does. Unknown fields are ignored. Range checks
 are attrs validators; their messages name the field, and so does the error's ``param``.
+In the completions requests an explicit ``null`` is the field's default, as in OpenAI's API
+(whose clients send null for "unset"); a required field given as null is still a 400.
 """
 
 import re
+import typing
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import attrs
 import cattrs
@@ -122,9 +125,61 @@ class StreamOptions:
     continuous_usage_stats: bool = False
 
 
+@_hook(StreamOptions)
+def _stream_options(value: Any) -> StreamOptions:
+    """Members given as null take their defaults, like the request's own fields."""
+    if not isinstance(value, dict):
+        raise TypeError(f"expected an object, got {_json_type(value)}")
+    given = {}
+    for field in attrs.fields(StreamOptions):
+        if value.get(field.name) is not None:
+            try:
+                given[field.name] = api_converter.structure(value[field.name], field.type)
+            except TypeError as exc:
+                raise TypeError(f"{field.name}: {exc}") from None
+    return StreamOptions(**given)
+
+
+#: reasoning_effort -> the chat template's enable_thinking (Qwen3 thinks or it does not).
+REASONING_EFFORTS = {"none": False, "minimal": False, "low": True, "medium": True,
+                     "high": True, "xhigh": True, "max": True}
+
+
+def _string_map(_inst: Any, attr: attrs.Attribute, value: Any) -> None:
+    if value is not None and not (isinstance(value, dict)
+                                  and all(isinstance(x, str) for x in value.values())):
+        raise TypeError(f"'{attr.name}' must be an object whose values are strings")
+
+
+def _text_modality(_inst: Any, attr: attrs.Attribute, value: Any) -> None:
+    if value is not None and not isinstance(value, list):
+        raise TypeError(f"'{attr.name}' must be an array of strings")
+    for modality in value or ():
+        if modality == "audio":
+            raise ValueError(f"'{attr.name}' may only ask for \"text\": this server does not "
+                             "generate audio")
+        if modality != "text":
+            raise ValueError(f"'{attr.name}' entries must be \"text\" or \"audio\", not "
+                             f"{modality!r}")
+
+
+def _refused(why: str) -> Callable[[Any, attrs.Attribute, Any], None]:
+    """Fields that would change the answer and that this server cannot honour: a 400 when set
+    (null is the same as leaving them out)."""
+
+    def check(_inst: Any, attr: attrs.Attribute, value: Any) -> None:
+        if value is not None:
+            raise ValueError(f"'{attr.name}' is not supported: {why}")
+
+    return check
+
+
 @attrs.frozen(kw_only=True)
 class SamplingFields:
     """What completions and chat completions share: sampling and request handling."""
+
+    #: parse_body: an explicit null is the field's default (OpenAI declares them nullable).
+    null_means_default: ClassVar[bool] = True
 
     model: str | None = None
     n: int = attrs.field(default=1, validator=[v.ge(1), v.le(16)])
@@ -148,6 +203,8 @@ class SamplingFields:
     stream_options: StreamOptions | None = None
     priority: int = 0
     cache_salt: str | None = attrs.field(default=None, validator=_opt(v.min_len(1)))
+    #: OpenAI's spelling of a prefix-cache partition: the cache salt, when cache_salt is unset.
+    prompt_cache_key: str | None = attrs.field(default=None, validator=_opt(v.min_len(1)))
     #: A LoRA adapter to run with (as ``model`` naming the adapter does).
     lora: str | None = None
     user: str | None = None
@@ -178,12 +235,32 @@ class ChatCompletionRequest(SamplingFields):
     chat_template_kwargs: Any = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    functions: Any = None  # the legacy tools: checked and translated by chat_tools
+    function_call: Any = None  # the legacy tool_choice
+    reasoning_effort: str | None = attrs.field(default=None,
+                                               validator=_opt(v.in_(tuple(REASONING_EFFORTS))))
+    # Informational: checked, then unused; none of them changes the answer here.
+    service_tier: str | None = None
+    metadata: Any = attrs.field(default=None, validator=_string_map)
+    store: bool | None = None
+    safety_identifier: str | None = None
+    verbosity: str | None = attrs.field(default=None,
+                                        validator=_opt(v.in_(("low", "medium", "high"))))
+    modalities: Any = attrs.field(default=None, validator=_text_modality)
+    # Each would change the answer, and this server cannot do it: a 400, not silence.
+    audio: Any = attrs.field(default=None, validator=_refused("this server generates text "
+                                                                "only"))
+    prediction: Any = attrs.field(default=None, validator=_refused("predicted outputs are not "
+                                                                     "implemented"))
+    web_search_options: Any = attrs.field(default=None, validator=_refused(
+        "this server cannot search the web"))
 
 
 def parse_body(cls: type[T], body: Any) -> T:
     """Build ``cls`` from a decoded JSON body, or raise a 400 that names the bad field."""
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object")
+    null_means_default = getattr(cls, "null_means_default", False)
     values: dict[str, Any] = {}
     for field in attrs.fields(attrs.resolve_types(cls)):
         if field.name not in body:
@@ -191,8 +268,14 @@ def parse_body(cls: type[T], body: Any) -> T:
                 raise APIError(400, f"'{field.name}' is a required property", param=field.name)
             continue
         raw = body[field.name]
-        if raw is None and field.default is None:
-            continue
+        if raw is None:
+            if field.default is attrs.NOTHING:
+                raise APIError(400, f"'{field.name}' is required and may not be null",
+                               param=field.name)
+            # A field whose type admits None and whose default is not None gives null a
+            # meaning of its own (completions' max_tokens: whatever the context leaves).
+            if field.default is None or (null_means_default and not _admits_none(field.type)):
+                continue
         try:
             values[field.name] = api_converter.structure(raw, field.type)
         except Exception as exc:  # whatever a client's value breaks is the client's 400
@@ -201,5 +284,11 @@ def parse_body(cls: type[T], body: Any) -> T:
     try:
         return cls(**values)
     except (TypeError, ValueError) as exc:
-        match = re.search(r"'(\w+)'", str(exc))  # attrs validators quote the field's name
-        raise APIError(400, str(exc), param=match[1] if match else None) from None
+        # attrs' in_ validator puts its message first among several arguments.
+        message = exc.args[0] if exc.args and isinstance(exc.args[0], str) else str(exc)
+        match = re.search(r"'(\w+)'", message)  # attrs validators quote the field's name
+        raise APIError(400, message, param=match[1] if match else None) from None
+
+
+def _admits_none(tp: Any) -> bool:
+    return type(None) in typing.get_args(tp)

@@ -270,6 +270,20 @@ def test_chat_completions_validate(server: str, spec: dict[str, Any]) -> None:
     assert check(spec, "POST", "/v1/chat/completions", plain)["choices"][0]["logprobs"] is None
 
 
+def test_chat_legacy_function_call_validates(server: str, spec: dict[str, Any]) -> None:
+    body = {"messages": [{"role": "user", "content": "What time is it?"}],
+            "functions": [TIME_TOOL["function"]], "function_call": {"name": "get_time"},
+            "seed": 1, "temperature": 1.0, "max_tokens": 200}
+    validate(spec, request_schema(spec, "/v1/chat/completions"), body)
+    out = check(spec, "POST", "/v1/chat/completions", post(server, "/v1/chat/completions", body))
+    choice = out["choices"][0]
+    assert choice["finish_reason"] == "function_call" and "tool_calls" not in choice["message"]
+    assert choice["message"]["function_call"]["name"] == "get_time"
+    events = stream(spec, server, "/v1/chat/completions", {**body, "stream": True})
+    assert any("function_call" in e["choices"][0]["delta"] for e in events)
+    assert events[-1]["choices"][0]["finish_reason"] == "function_call"
+
+
 def test_chat_tool_calls_validate(server: str, spec: dict[str, Any]) -> None:
     body = {"messages": [{"role": "user", "content": "What time is it?"}], "tools": [TIME_TOOL],
             "tool_choice": "required", "parallel_tool_calls": False, "seed": 1,
@@ -407,6 +421,29 @@ ACCEPTED = [
              "function": {"name": "get_time", "arguments": "{\"tz\": \"UTC\"}"}}]},
         {"role": "tool", "content": "12:00", "tool_call_id": "call_1"}],
         "tools": [TIME_TOOL], "max_completion_tokens": 1}),
+    # null is the default for every optional field, nested stream_options members included
+    ("/v1/completions", {"prompt": "x", "max_tokens": 1, "n": None, "stream": None,
+                         "echo": None, "logprobs": None, "presence_penalty": None,
+                         "frequency_penalty": None, "temperature": None, "stop": None,
+                         "stream_options": {"include_usage": None}, "prompt_cache_key": None,
+                         "min_tokens": None, "priority": None}),
+    ("/v1/chat/completions", {"messages": HI, "max_tokens": 1, "n": None, "stream": None,
+                              "logprobs": None, "parallel_tool_calls": None,
+                              "presence_penalty": None, "functions": None,
+                              "function_call": None, "reasoning_effort": None, "audio": None,
+                              "modalities": None, "prediction": None,
+                              "web_search_options": None, "metadata": None, "store": None}),
+    # OpenAI's informational fields, and those it honours here
+    ("/v1/chat/completions", {"messages": HI, "max_tokens": 1, "service_tier": "auto",
+                              "user": "u", "metadata": {"k": "v"}, "store": False,
+                              "safety_identifier": "s", "verbosity": "low",
+                              "modalities": ["text"], "reasoning_effort": "none",
+                              "prompt_cache_key": "p", "cache_salt": "p"}),
+    ("/v1/chat/completions", {"messages": [
+        *HI, {"role": "assistant", "content": None, "function_call": {
+            "name": "get_time", "arguments": "{\"tz\": \"UTC\"}"}},
+        {"role": "function", "name": "get_time", "content": "12:00"}],
+        "functions": [TIME_TOOL["function"]], "function_call": "none", "max_tokens": 1}),
 ]
 REJECTED = [
     ("/v1/completions", {"prompt": "x", "n": 0}, "n"),
@@ -425,7 +462,10 @@ REJECTED = [
     ("/v1/completions", {"prompt": "x", "stop": 5}, "stop"),
     ("/v1/completions", {"prompt": "x", "logit_bias": {"abc": 1}}, "logit_bias"),
     ("/v1/completions", {"prompt": "x", "logit_bias": {"5": 500}}, "logit_bias"),
-    ("/v1/completions", {"prompt": "x", "stream": None}, "stream"),
+    ("/v1/completions", {"prompt": "x", "stream": "yes"}, "stream"),
+    ("/v1/completions", {"prompt": None}, "prompt"),
+    ("/v1/completions", {"prompt": "x", "stream_options": {"continuous_usage_stats": 1}},
+     "stream_options"),
     ("/v1/completions", {"prompt": "x", "echo": 1}, "echo"),
     ("/v1/completions", {"prompt": "x", "stream_options": {"include_usage": "yes"}},
      "stream_options"),
@@ -439,7 +479,25 @@ REJECTED = [
     ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages"),
-    ("/v1/chat/completions", {"messages": HI, "logprobs": None}, "logprobs"),
+    ("/v1/chat/completions", {"messages": None}, "messages"),
+    ("/v1/chat/completions", {"messages": HI, "logprobs": 1}, "logprobs"),
+    ("/v1/chat/completions", {"messages": HI, "audio": {"voice": "alloy", "format": "wav"}},
+     "audio"),
+    ("/v1/chat/completions", {"messages": HI, "modalities": ["text", "audio"]}, "modalities"),
+    ("/v1/chat/completions", {"messages": HI, "prediction": {"type": "content",
+                                                             "content": "x"}}, "prediction"),
+    ("/v1/chat/completions", {"messages": HI, "web_search_options": {}}, "web_search_options"),
+    ("/v1/chat/completions", {"messages": HI, "reasoning_effort": "extreme"},
+     "reasoning_effort"),
+    ("/v1/chat/completions", {"messages": HI, "verbosity": "loud"}, "verbosity"),
+    ("/v1/chat/completions", {"messages": HI, "metadata": {"k": 1}}, "metadata"),
+    ("/v1/chat/completions", {"messages": HI, "store": "yes"}, "store"),
+    ("/v1/chat/completions", {"messages": HI, "prompt_cache_key": ""}, "prompt_cache_key"),
+    ("/v1/chat/completions", {"messages": HI, "functions": [TIME_TOOL["function"]],
+                              "tools": [TIME_TOOL]}, "functions"),
+    ("/v1/chat/completions", {"messages": HI, "tools": [TIME_TOOL], "function_call": "auto"},
+     "function_call"),
+    ("/v1/chat/completions", {"messages": HI, "functions": [{"name": ""}]}, "functions"),
     ("/v1/chat/completions", {"messages": HI, "max_completion_tokens": 0},
      "max_completion_tokens"),
     ("/v1/chat/completions", {"messages": HI, "tool_choice": "sometimes"}, "tool_choice"),
@@ -554,6 +612,7 @@ def test_real_responses_fail_without_any_required_field(server: str,
 
 COMPLETION = {
     "id": "cmpl-1", "object": "text_completion", "created": 1, "model": MODEL,
+    "system_fingerprint": "fp_0123456789",
     "choices": [{"index": 0, "text": "hi", "finish_reason": "length", "stop_reason": None,
                  "logprobs": {"tokens": ["h", "i"], "token_logprobs": [None, -1.5],
                               "top_logprobs": [None, {"i": -1.5}], "text_offset": [0, 1]}}],
@@ -562,14 +621,16 @@ COMPLETION = {
 }
 CHAT = {
     "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": MODEL,
+    "system_fingerprint": "fp_0123456789",
     "choices": [{"index": 0, "finish_reason": "stop", "stop_reason": 7,
-                 "message": {"role": "assistant", "content": "hi", "tool_calls": []},
+                 "message": {"role": "assistant", "content": "hi"},
                  "logprobs": {"content": [{"token": "hi", "logprob": -0.5, "bytes": [104, 105],
                                            "top_logprobs": [{"token": "hi", "logprob": -0.5,
                                                              "bytes": [104, 105]}]}]}}],
     "usage": COMPLETION["usage"],
 }
 CHUNK = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": MODEL,
+         "system_fingerprint": "fp_0123456789",
          "choices": [{"index": 0, "delta": {"content": "h"}, "logprobs": None,
                       "finish_reason": None, "stop_reason": None}]}
 ERROR = {"error": {"message": "no", "type": "BadRequestError", "param": None, "code": 400}}
@@ -605,7 +666,12 @@ def replace(name: str, instance: dict, dotted: str, value: Any) -> Any:
     replace("Completion", COMPLETION, "choices.0.finish_reason", "eos"),
     replace("Completion", COMPLETION, "object", "chat.completion"),
     replace("Completion", COMPLETION, "choices.0.stop_reason", 1.5),
-    drop("ChatCompletion", CHAT, "choices.0.message.tool_calls"),
+    drop("Completion", COMPLETION, "system_fingerprint"),
+    replace("Completion", COMPLETION, "system_fingerprint", "fp_x"),
+    replace("ChatCompletion", CHAT, "choices.0.message.tool_calls", []),  # none: no key
+    replace("ChatCompletion", CHAT, "choices.0.finish_reason", "functions"),
+    drop("ChatCompletion", CHAT, "system_fingerprint"),
+    drop("ChatCompletionChunk", CHUNK, "system_fingerprint"),
     drop("ChatCompletion", CHAT, "choices.0.message.content"),
     drop("ChatCompletion", CHAT, "choices.0.logprobs.content.0.bytes"),
     drop("ChatCompletion", CHAT, "choices.0.logprobs.content.0.top_logprobs.0.logprob"),

@@ -10,9 +10,11 @@ import attrs
 from quart import Blueprint, Response, current_app, request
 
 from izh_trio.frontend import sse
-from izh_trio.frontend.chat_messages import normalize_tools
-from izh_trio.frontend.chat_parser import ChatOutputParser, Event, ToolCall
+from izh_trio.frontend.chat_parser import MARKERS, ChatOutputParser, Event, ToolCall
+from izh_trio.frontend.chat_template import with_reasoning_effort
+from izh_trio.frontend.chat_tools import ToolPlan, plan_tools
 from izh_trio.frontend.errors import APIError
+from izh_trio.frontend.fingerprint import system_fingerprint
 from izh_trio.frontend.generation import (
     ChoiceDelta,
     ChoiceSpec,
@@ -24,12 +26,12 @@ from izh_trio.frontend.openai_format import (
     TokenText,
     chat_logprobs,
     check_prompt,
+    request_salt,
     sampling_params,
     usage,
 )
 from izh_trio.frontend.routes.common import (
     admit,
-    check_salt,
     checked_constraint,
     constrained,
     deadline_of,
@@ -41,47 +43,8 @@ from izh_trio.frontend.routes.common import (
 )
 from izh_trio.frontend.schemas import ChatCompletionRequest, parse_body
 from izh_trio.frontend.server import Server
-from izh_trio.frontend.structured import Constraint, tool_call_grammar
 
 bp = Blueprint("chat", __name__)
-
-
-@attrs.frozen
-class ToolPlan:
-    """What the request's ``tools`` and ``tool_choice`` mean for this generation."""
-
-    tools: list[dict[str, Any]] | None  # shown to the template (None for tool_choice "none")
-    parse: bool  # look for calls in the output
-    forced: Constraint | None  # forced calls: "required" or a named function
-
-
-def plan_tools(req: ChatCompletionRequest) -> ToolPlan:
-    tools = normalize_tools(req.tools)
-    choice = req.tool_choice if req.tool_choice is not None else ("auto" if tools else "none")
-    named = None
-    if isinstance(choice, dict):
-        fn = choice.get("function")
-        if choice.get("type") != "function" or not isinstance(fn, dict) \
-                or not isinstance(fn.get("name"), str):
-            raise APIError(400, "tool_choice must be 'none', 'auto', 'required' or "
-                                '{"type": "function", "function": {"name": ...}}',
-                           param="tool_choice")
-        named = fn["name"]
-    elif choice not in ("none", "auto", "required"):
-        raise APIError(400, f"unknown tool_choice {choice!r}", param="tool_choice")
-    if choice == "none":
-        return ToolPlan(None, False, None)
-    if not tools:
-        raise APIError(400, f"tool_choice {choice if named is None else named!r} needs tools",
-                       param="tool_choice")
-    if named is not None and named not in {t["function"]["name"] for t in tools}:
-        raise APIError(400, f"tool_choice names {named!r}, which is not among the tools",
-                       param="tool_choice")
-    forced = named is not None or choice == "required"
-    constraint = (Constraint("tool_choice", tool_call_grammar(
-        tools, only=named, parallel=req.parallel_tool_calls and named is None))
-        if forced else None)
-    return ToolPlan(tools, True, constraint)
 
 
 def render_prompt(server: Server, req: ChatCompletionRequest, plan: ToolPlan) -> list[int]:
@@ -92,7 +55,8 @@ def render_prompt(server: Server, req: ChatCompletionRequest, plan: ToolPlan) ->
     text = template.render(req.messages, tools=plan.tools,
                            add_generation_prompt=req.add_generation_prompt,
                            continue_final_message=req.continue_final_message,
-                           chat_template_kwargs=req.chat_template_kwargs)
+                           chat_template_kwargs=with_reasoning_effort(
+                               req.chat_template_kwargs, req.reasoning_effort))
     return server.tokenizer.encode(text)
 
 
@@ -108,7 +72,7 @@ async def chat_completions() -> Any:
         raise APIError(400, "a per-request chat_template is not accepted; the model's own "
                             "template is used", param="chat_template")
     model, lora = resolve_model(server, req.model, req.lora)
-    check_salt(req.cache_salt)
+    salt = request_salt(req)
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
     plan = plan_tools(req)
@@ -124,15 +88,16 @@ async def chat_completions() -> Any:
                                                       logprobs=logprobs, index=i),
                                       constraint),
                    stop=req.stop, include_stop_str=req.include_stop_str_in_output,
-                   skip_special_tokens=req.skip_special_tokens)
+                   skip_special_tokens=req.skip_special_tokens,
+                   keep_special=server.tokenizer.ids_of(MARKERS))
         for i in range(req.n)
     ]
-    job = GenerationPlan(specs, arrival, req.priority, req.cache_salt,
-                         deadline_of(request, server), lora)
+    job = GenerationPlan(specs, arrival, req.priority, salt, deadline_of(request, server), lora)
     ticket = admit(server, request, specs)
     head = {"id": request_id(request, "chatcmpl"), "object": "chat.completion",
-            "created": int(time.time()), "model": model}
-    outs = [_ChoiceOut(ChatOutputParser(tools=plan.parse)) for _ in specs]
+            "created": int(time.time()), "model": model,
+            "system_fingerprint": await system_fingerprint(server)}
+    outs = [_ChoiceOut(plan, ChatOutputParser(tools=plan.parse)) for _ in specs]
     text_of = TokenText(server.tokenizer.tokenizer)
     if req.stream:
         gen = await open_streamed(server, job, ticket)
@@ -152,6 +117,7 @@ async def chat_completions() -> Any:
 
 @attrs.define
 class _ChoiceOut:
+    plan: ToolPlan
     parser: ChatOutputParser
     reasoning: list[str] = attrs.Factory(list)
     content: list[str] = attrs.Factory(list)
@@ -175,7 +141,7 @@ class _ChoiceOut:
         self.logprobs += d.logprobs or []
         self.finish_reason = d.finish_reason
         if d.finish_reason == "stop" and self.calls:
-            self.finish_reason = "tool_calls"
+            self.finish_reason = self.plan.finish_reason
         self.stop_reason = d.stop_reason
         self.num_output_tokens, self.num_cached_tokens = d.num_output_tokens, d.num_cached_tokens
         return events
@@ -185,18 +151,13 @@ class _ChoiceOut:
         message: dict[str, Any] = {
             "role": "assistant",
             "content": None if self.calls and not content.strip() else content,
-            "tool_calls": [_call_json(c) for c in self.calls],
+            **self.plan.message_fields(self.calls),
         }
         if self.reasoning:
             message["reasoning_content"] = "".join(self.reasoning)
         logprobs = {"content": chat_logprobs(text_of, self.logprobs)} if text_of else None
         return {"index": index, "message": message, "logprobs": logprobs,
                 "finish_reason": self.finish_reason, "stop_reason": self.stop_reason}
-
-
-def _call_json(call: ToolCall) -> dict[str, Any]:
-    return {"id": call.id, "type": "function",
-            "function": {"name": call.name, "arguments": call.arguments}}
 
 
 def _usage(outs: list[_ChoiceOut], prompt_len: int) -> dict[str, Any]:
@@ -233,8 +194,8 @@ async def _stream(
                        if req.logprobs else None)
                 for e in events:
                     if e.kind == "tool_call":
-                        for part in _call_deltas(n_calls, e.call):
-                            pending.append(chunk(d.index, {"tool_calls": [part]}))
+                        for delta in out.plan.call_deltas(n_calls, e.call):
+                            pending.append(chunk(d.index, delta))
                         n_calls += 1
                     else:
                         key = "content" if e.kind == "content" else "reasoning_content"
@@ -255,10 +216,3 @@ async def _stream(
         pending.append(sse.event(exc.body()))
     pending.append(sse.DONE)
     yield b"".join(pending)
-
-
-def _call_deltas(index: int, call: ToolCall) -> list[dict[str, Any]]:
-    """OpenAI's streamed call shape: id, type and name first, then the arguments."""
-    return [{"index": index, "id": call.id, "type": "function",
-             "function": {"name": call.name, "arguments": ""}},
-            {"index": index, "function": {"arguments": call.arguments}}]

@@ -135,15 +135,6 @@ def request_id(request: Request, prefix: str) -> str:
     return rid
 
 
-def check_salt(salt: str | None) -> None:
-    if salt is not None:
-        try:
-            salt.encode()
-        except UnicodeEncodeError:
-            raise APIError(400, "cache_salt must be valid Unicode text",
-                           param="cache_salt") from None
-
-
 async def checked_constraint(server: Server, body: dict[str, Any],
                              forced: Constraint | None = None) -> Constraint | None:
     """The request's output constraint (or a forced one), compiled against the vocabulary."""
@@ -161,4 +152,4 @@ async def checked_constraint(server: Server, body: dict[str, Any],
 def constrained(params: SamplingParams, constraint: Constraint | None) -> SamplingParams:
     if constraint is None:
         return params
-    return attrs.evolve(params, grammar=constraint.grammar, json_output=constraint.is_json)
+    return attrs.evolve(params, grammar=constraint.grammar)

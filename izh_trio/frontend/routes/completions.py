@@ -11,6 +11,7 @@ from quart import Blueprint, Response, current_app, request
 
 from izh_trio.frontend import sse
 from izh_trio.frontend.errors import APIError
+from izh_trio.frontend.fingerprint import system_fingerprint
 from izh_trio.frontend.generation import (
     ChoiceDelta,
     ChoiceSpec,
@@ -22,12 +23,12 @@ from izh_trio.frontend.openai_format import (
     TokenText,
     check_prompt,
     completion_logprobs,
+    request_salt,
     sampling_params,
     usage,
 )
 from izh_trio.frontend.routes.common import (
     admit,
-    check_salt,
     checked_constraint,
     constrained,
     deadline_of,
@@ -74,10 +75,10 @@ async def completions() -> Any:
         raise APIError(400, "best_of is not supported (use n)", param="best_of")
     if req.suffix:
         raise APIError(400, "suffix is not supported by this model", param="suffix")
-    check_salt(req.cache_salt)
+    salt = request_salt(req)
     prompts = []
     for p in req.prompt:
-        ids = server.tokenizer.encode(p) if isinstance(p, str) else p
+        ids = server.tokenizer.encode(p, add_special_tokens=True) if isinstance(p, str) else p
         check_prompt(server, ids)
         # The prompt's text is only shown by echo: don't decode id prompts for nothing.
         text = p if isinstance(p, str) else server.tokenizer.decode(ids) if req.echo else ""
@@ -99,11 +100,11 @@ async def completions() -> Any:
         )
         for pi, p in enumerate(prompts) for i in range(req.n)
     ]
-    job = GenerationPlan(specs, arrival, req.priority, req.cache_salt,
-                         deadline_of(request, server), lora)
+    job = GenerationPlan(specs, arrival, req.priority, salt, deadline_of(request, server), lora)
     ticket = admit(server, request, specs)
     head = {"id": request_id(request, "cmpl"), "object": "text_completion",
-            "created": int(time.time()), "model": model}
+            "created": int(time.time()), "model": model,
+            "system_fingerprint": await system_fingerprint(server)}
     outs = [_ChoiceOut(prompts[s.index // req.n]) for s in specs]
     render = _Renderer(req, TokenText(server.tokenizer.tokenizer))
     if req.stream:
