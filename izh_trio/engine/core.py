@@ -84,7 +84,8 @@ class EngineCore:
         """Admit a request, or say why not; a bad request never disturbs the others."""
         problem = self._validate(req)
         if problem is None and req.params.grammar is not None:
-            problem = self.guided.add(req.request_id, req.params.grammar)
+            problem = self.guided.add(req.request_id, req.params.grammar,
+                                      req.params.max_tokens)
         if problem is not None:
             return RequestFailed(req.request_id, problem)
         stop = set(req.params.stop_token_ids)
@@ -178,8 +179,9 @@ class EngineCore:
     def _emit(self, seq: Sequence, token: int, logprobs: TokenLogprobs | None,
               reason: FinishReason | None) -> RequestOutput:
         """Report the token a step sampled (the only new one); retire the sequence if done."""
-        if self.guided.accept(seq.request_id, token) and reason is None:
-            reason = FinishReason.STOP  # the grammar is complete: nothing more may follow
+        if self.guided.accept(seq.request_id, token) and reason is not FinishReason.STOP:
+            # The grammar is complete: nothing more may follow, even if the budget is spent.
+            reason = FinishReason.STOP
         num_output = seq.num_output_tokens
         first = num_output == 1
         self.generation_tokens_total += 1

@@ -5,10 +5,13 @@ Every step, one batched call computes the allowed-token bitmask of every constra
 any other processing, so greedy and sampled rows alike can only pick grammar-valid tokens.
 When a grammar is complete, the request stops, even if no eos token follows.
 
-A grammar bounds what an output may be, not how long it runs: a free-form JSON string can
-outlast ``max_tokens``. For requests whose whole output is JSON, the last tokens are steered
-(still inside the grammar's mask) along the shortest completion of what was written, so the
-output closes within budget whenever the grammar allows that completion.
+A grammar bounds what an output may be, not how long it runs: a free-form JSON string or a
+schema's required properties can outlast ``max_tokens``. So every constrained request also
+keeps a plan: the shortest token path that ends its output from where it is
+(``grammar_closer``). A request whose plan is longer than its whole budget is refused at
+once; near the end of the budget, a sampled token after which the output could no longer
+end in the tokens left is replaced by the plan's next token. The output is free until the
+last moment it can afford, and always ends validly within ``max_tokens``.
 """
 
 from __future__ import annotations
@@ -19,12 +22,13 @@ import llguidance
 import torch
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask_par
 
-from izh_trio.engine.json_closer import json_completion
+from izh_trio.engine.grammar_closer import GrammarCloser
 from izh_trio.engine.sequence import Sequence
 
 _BITS = torch.arange(32, dtype=torch.int32)
-#: Tokens before max_tokens from which a JSON output's completion is checked each step.
-_CLOSE_WINDOW = 64
+#: How far ahead of its plan's length a request's tokens are checked: one token would have
+#: to add more than this to the shortest ending to slip through.
+_CHECK_MARGIN = 64
 
 
 class GuidedDecoding:
@@ -34,9 +38,15 @@ class GuidedDecoding:
         self._vocab_size = vocab_size
         self._eos = list(eos_token_ids)
         self._tokenizer: llguidance.LLTokenizer | None = None
+        self._closer: GrammarCloser | None = None
         self._executor = llguidance.LLExecutor()
         self._matchers: dict[str, llguidance.LLMatcher] = {}
-        self._token_of_bytes: dict[bytes, int] | None = None
+        #: Each request's shortest ending from its matcher's state (None: none known).
+        self._plans: dict[str, list[int] | None] = {}
+        #: Plans worked out for a sampled token before ``accept`` consumed it.
+        self._staged: dict[str, tuple[int, list[int] | None]] = {}
+        #: This step's masks (CPU, bool per token), by request.
+        self._allowed: dict[str, torch.Tensor] = {}
 
     @property
     def tokenizer(self) -> llguidance.LLTokenizer:
@@ -46,19 +56,33 @@ class GuidedDecoding:
                 eos_token=self._eos or None)
         return self._tokenizer
 
-    def add(self, request_id: str, grammar: str) -> str | None:
-        """Compile the request's grammar; returns the error instead of raising."""
+    @property
+    def closer(self) -> GrammarCloser:
+        if self._closer is None:
+            self._closer = GrammarCloser(self.tokenizer, self._vocab_size)
+        return self._closer
+
+    def add(self, request_id: str, grammar: str, max_tokens: int) -> str | None:
+        """Compile the request's grammar; returns the error instead of raising. A grammar
+        whose shortest output does not fit in ``max_tokens`` is an error too."""
         try:
             matcher = llguidance.LLMatcher(self.tokenizer, grammar)
         except (ValueError, RuntimeError) as exc:
             return f"invalid grammar: {exc}"
         if matcher.is_error():
             return f"invalid grammar: {matcher.get_error()}"
+        plan = self.closer.path(matcher)
+        if plan is not None and len(plan) > max_tokens:
+            return (f"max_tokens={max_tokens} is too small for the output constraint: its "
+                    f"shortest valid output takes {len(plan)} tokens")
         self._matchers[request_id] = matcher
+        self._plans[request_id] = plan
         return None
 
     def forget(self, request_id: str) -> None:
         self._matchers.pop(request_id, None)
+        self._plans.pop(request_id, None)
+        self._staged.pop(request_id, None)
 
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._matchers
@@ -76,54 +100,92 @@ class GuidedDecoding:
         )
         bits = torch.from_numpy(bitmask)  # [R, ceil(V / 32)] int32, bit k of word w = id 32w+k
         allowed = ((bits[:, :, None] >> _BITS) & 1).bool().flatten(1)[:, : logits.shape[-1]]
-        allowed = allowed.to(logits.device)
-        for j, i in enumerate(rows):
-            forced = self._closing_token(seqs[i], allowed[j])
-            if forced is not None:
-                allowed[j] = False
-                allowed[j, forced] = True
+        self._allowed = {seqs[i].request_id: allowed[j] for j, i in enumerate(rows)}
         out = logits.clone()
         index = torch.tensor(rows, device=logits.device)
-        out[index] = out[index].masked_fill(~allowed, float("-inf"))
+        out[index] = out[index].masked_fill(~allowed.to(logits.device), float("-inf"))
         return out
 
-    def _closing_token(self, seq: Sequence, allowed: torch.Tensor) -> int | None:
-        """In a JSON output's last tokens: the allowed token that best heads for its close."""
-        params = seq.params
-        left = params.max_tokens - seq.num_output_tokens
-        if not params.json_output or left > _CLOSE_WINDOW:
-            return None
-        text = self.tokenizer.decode_str(seq.output_token_ids)
-        completion = json_completion(text)
-        if completion is None or left > len(completion) + 1:
-            return None  # unreadable, or enough budget left to end freely
-        if not completion:
-            eos = [t for t in self._eos if bool(allowed[t])]
-            return eos[0] if eos else None
-        table = self._bytes_table()
-        wanted = completion.encode()
-        for k in range(len(wanted), 0, -1):  # the longest allowed token along the completion
-            token = table.get(wanted[:k])
-            if token is not None and bool(allowed[token]):
-                return token
-        return None
+    def keep_closable(self, tokens: list[int], seqs: list[Sequence]) -> bool:
+        """Replace each sampled token after which its output could no longer end within
+        ``max_tokens`` by its plan's next token; True if any was replaced."""
+        replaced = False
+        for i, seq in enumerate(seqs):
+            matcher = self._matchers.get(seq.request_id)
+            if matcher is None:
+                continue
+            left = seq.params.max_tokens - seq.num_output_tokens  # this step's token included
+            plan = self._plans.get(seq.request_id)
+            if plan is None:
+                if left > _CHECK_MARGIN:
+                    continue
+                plan = self._plans[seq.request_id] = self.closer.path(matcher)
+                if plan is None:
+                    continue  # no ending known: nothing to steer toward
+            if left > len(plan) + _CHECK_MARGIN:
+                continue
+            token = tokens[i]
+            if plan and token == plan[0]:
+                continue  # on plan: what it needs shrinks with the budget
+            after = self._plan_after(matcher, token, plan, left - 1)
+            if after is not None and len(after) <= left - 1:
+                self._staged[seq.request_id] = (token, after)
+                continue
+            allowed = self._allowed.get(seq.request_id)
+            if plan and allowed is not None and not bool(allowed[plan[0]]):
+                # A plan kept from an earlier state, tokenized otherwise than the mask wants
+                plan = self._plans[seq.request_id] = self.closer.path(matcher)
+            if plan:
+                tokens[i] = plan[0]
+                replaced = True
+        return replaced
 
-    def _bytes_table(self) -> dict[bytes, int]:
-        if self._token_of_bytes is None:
-            table: dict[bytes, int] = {}
-            tok = self.tokenizer
-            for token in range(tok.vocab_size):
-                raw = tok.decode_bytes([token])
-                if raw and not raw.startswith(b"\xff"):  # 0xff marks special tokens
-                    table.setdefault(raw, token)
-            self._token_of_bytes = table
-        return self._token_of_bytes
+    def _plan_after(self, matcher: llguidance.LLMatcher, token: int, plan: list[int],
+                    budget: int) -> list[int] | None:
+        """The shortest ending once ``token`` is taken, or None if none is known (the
+        matcher is left as it was): the current plan when it still ends the output from
+        there with a token to spare in ``budget`` (checked cheaply, the common case inside a
+        free string), else a new one, cut into tokens exactly as the mask will want them."""
+        if token in self._eos:
+            return []  # the mask let it through: the output ends here
+        if matcher.try_consume_tokens([token]) != 1:
+            return None
+        try:
+            if matcher.is_stopped():
+                return []
+            still = self._still_ending(matcher, plan)
+            if still is not None and len(still) < budget:
+                return still
+            return self.closer.path(matcher)
+        finally:
+            matcher.rollback(1)
+
+    def _still_ending(self, matcher: llguidance.LLMatcher, plan: list[int]) -> list[int] | None:
+        """``plan`` (its eos fitted to where it now ends) if it still ends the output."""
+        body = plan[:-1] if plan and plan[-1] in self._eos else plan
+        if not body:
+            return None
+        consumed = matcher.try_consume_tokens(body)
+        try:
+            if consumed != len(body) or not matcher.is_accepting():
+                return None
+            return body if matcher.is_stopped() else [*body, self.closer.eos]
+        finally:
+            if consumed:
+                matcher.rollback(consumed)
 
     def accept(self, request_id: str, token: int) -> bool:
         """Advance the request's matcher; True once its grammar is complete."""
         matcher = self._matchers.get(request_id)
         if matcher is None:
             return False
+        plan = self._plans.get(request_id)
+        staged = self._staged.pop(request_id, None)
+        if staged is not None and staged[0] == token:
+            self._plans[request_id] = staged[1]
+        elif plan and plan[0] == token:
+            self._plans[request_id] = plan[1:]
+        else:
+            self._plans[request_id] = None  # worked out again when it matters
         matcher.consume_token(token)
         return matcher.is_stopped() or matcher.is_error()
-

@@ -44,7 +44,10 @@ class Sampler:
         if random_rows:
             tokens[random_rows] = self._sample_random(processed[random_rows],
                                                       [seqs[i] for i in random_rows])
-        return Sampled(tokens.tolist(), self._logprobs(logits, tokens, seqs))
+        token_ids = tokens.tolist()
+        if self._guided is not None and self._guided.keep_closable(token_ids, seqs):
+            tokens = torch.tensor(token_ids, device=tokens.device)
+        return Sampled(token_ids, self._logprobs(logits, tokens, seqs))
 
     def _sample_random(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         params = [s.params for s in seqs]

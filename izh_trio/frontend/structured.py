@@ -55,33 +55,66 @@ def lark_grammar(grammar: Any, param: str) -> str:
     return grammar
 
 
+#: Keywords whose values are data, not schemas: a "$ref" key inside them is not a reference.
+_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
+#: Keywords whose values map names to schemas: a property may be called "enum" or "default".
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions",
+                          "dependentSchemas"})
+
+
+def rerooted(schema: Any, base: str) -> Any:
+    """``schema`` with its local references (``#``, ``#/$defs/...``, ``#/definitions/...``,
+    any ``#/pointer``) made to point below ``base``, where it will be placed in a larger
+    document. A pydantic model's ``$defs`` and recursive ``#`` references keep working
+    once the schema is nested."""
+    if isinstance(schema, list):
+        return [rerooted(item, base) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "$ref" and isinstance(value, str) and value.startswith("#"):
+            out[key] = base + value[1:]
+        elif key in _DATA_KEYWORDS:
+            out[key] = value
+        elif key in _SCHEMA_MAPS and isinstance(value, dict):  # names -> schemas
+            out[key] = {name: rerooted(sub, base) for name, sub in value.items()}
+        else:
+            out[key] = rerooted(value, base)
+    return out
+
+
 def tool_call_grammar(tools: list[dict[str, Any]], *, only: str | None, parallel: bool) -> str:
-    """Qwen3's native calls: ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``."""
-    variants = []
-    for tool in tools:
+    """Qwen3's native calls: ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``.
+
+    Each tool's parameters become ``$defs/tool_<i>`` of one document, their own references
+    re-rooted there, so that ``$defs``/``definitions`` and recursion resolve as they would
+    in the schema alone."""
+    variants, defs = [], {}
+    for i, tool in enumerate(tools):
         fn = tool["function"]
         if only is not None and fn["name"] != only:
             continue
         params = fn.get("parameters") or {"type": "object"}
+        defs[f"tool_{i}"] = rerooted(params, f"#/$defs/tool_{i}")
         variants.append({
             "type": "object",
-            "properties": {"name": {"const": fn["name"]}, "arguments": params},
+            "properties": {"name": {"const": fn["name"]},
+                           "arguments": {"$ref": f"#/$defs/tool_{i}"}},
             "required": ["name", "arguments"],
             "additionalProperties": False,
         })
-    schema = {"anyOf": variants, "x-guidance": _JSON_OPTIONS}
+    schema = {"anyOf": variants, "$defs": defs, "x-guidance": _JSON_OPTIONS}
     start = 'start: call ("\\n" call)*' if parallel else "start: call"
     return f'{start}\ncall: <tool_call> "\\n" %json {json.dumps(schema)} "\\n" </tool_call>\n'
 
 
 @attrs.frozen
 class Constraint:
-    """A request's output constraint: the grammar, the field it came from, and whether the
-    whole output is one JSON value (then the engine also makes it close within budget)."""
+    """A request's output constraint: the grammar, and the field it came from."""
 
     param: str
     grammar: str
-    is_json: bool = False
 
 
 def _one(found: list[Constraint]) -> Constraint | None:
@@ -103,14 +136,14 @@ def request_constraint(body: dict[str, Any]) -> Constraint | None:
                                 "'json_schema'", param="response_format")
         if fmt["type"] == "json_object":
             found.append(Constraint("response_format", json_schema_grammar(
-                {"type": "object"}, "response_format"), is_json=True))
+                {"type": "object"}, "response_format")))
         elif fmt["type"] == "json_schema":
             spec = fmt.get("json_schema")
             if not isinstance(spec, dict) or "schema" not in spec:
                 raise APIError(400, "response_format.json_schema.schema is required",
                                param="response_format")
             found.append(Constraint("response_format", json_schema_grammar(
-                spec["schema"], "response_format"), is_json=True))
+                spec["schema"], "response_format")))
     so = body.get("structured_outputs")
     if so is not None:
         if not isinstance(so, dict):
@@ -120,16 +153,15 @@ def request_constraint(body: dict[str, Any]) -> Constraint | None:
                   "choice": choice_grammar, "grammar": lark_grammar}
         for key, make in makers.items():
             if so.get(key) is not None:
-                found.append(Constraint("structured_outputs", make(so[key], "structured_outputs"),
-                                        is_json=key == "json"))
+                found.append(Constraint("structured_outputs", make(so[key], "structured_outputs")))
         if so.get("json_object"):
             found.append(Constraint("structured_outputs", json_schema_grammar(
-                {"type": "object"}, "structured_outputs"), is_json=True))
+                {"type": "object"}, "structured_outputs")))
     legacy = {"guided_json": json_schema_grammar, "guided_regex": regex_grammar,
               "guided_choice": choice_grammar, "guided_grammar": lark_grammar}
     for key, make in legacy.items():
         if body.get(key) is not None:
-            found.append(Constraint(key, make(body[key], key), is_json=key == "guided_json"))
+            found.append(Constraint(key, make(body[key], key)))
     return _one(found)
 
 

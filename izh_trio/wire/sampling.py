@@ -51,10 +51,9 @@ class SamplingParams:
     logprobs: int | None = attrs.field(default=None, validator=v.optional(v.ge(0)))
     #: The same for every prompt position after the first; None: none.
     prompt_logprobs: int | None = attrs.field(default=None, validator=v.optional(v.ge(0)))
-    #: Guided decoding: an llguidance grammar (lark, or its JSON form) the output must match.
+    #: Guided decoding: an llguidance grammar (lark, or its JSON form) the output must match,
+    #: and end within ``max_tokens``.
     grammar: str | None = None
-    #: The whole output is one JSON value: the engine steers it to close within max_tokens.
-    json_output: bool = False
 
     @property
     def penalized(self) -> bool:
