@@ -28,7 +28,10 @@ from izh_trio.engine.sequence import Sequence
 _BITS = torch.arange(32, dtype=torch.int32)
 #: How far ahead of its plan's length a request's tokens are checked: one token would have
 #: to add more than this to the shortest ending to slip through.
-_CHECK_MARGIN = 64
+_CHECK_MARGIN = 32
+#: Away from its budget's end, a request that left its plan has the plan worked out again
+#: every this many tokens (to know when its budget's end draws near).
+_REFRESH = 8
 
 
 class GuidedDecoding:
@@ -41,8 +44,10 @@ class GuidedDecoding:
         self._closer: GrammarCloser | None = None
         self._executor = llguidance.LLExecutor()
         self._matchers: dict[str, llguidance.LLMatcher] = {}
-        #: Each request's shortest ending from its matcher's state (None: none known).
+        #: Each request's shortest ending from its matcher's state (None: worked out again
+        #: when it matters), and that ending's length when it was last known.
         self._plans: dict[str, list[int] | None] = {}
+        self._need: dict[str, int] = {}
         #: Plans worked out for a sampled token before ``accept`` consumed it.
         self._staged: dict[str, tuple[int, list[int] | None]] = {}
         #: This step's masks (CPU, bool per token), by request.
@@ -76,12 +81,15 @@ class GuidedDecoding:
             return (f"max_tokens={max_tokens} is too small for the output constraint: its "
                     f"shortest valid output takes {len(plan)} tokens")
         self._matchers[request_id] = matcher
-        self._plans[request_id] = plan
+        if plan is not None:  # else it never steers: no ending is known to aim for
+            self._plans[request_id] = plan
+            self._need[request_id] = len(plan)
         return None
 
     def forget(self, request_id: str) -> None:
         self._matchers.pop(request_id, None)
         self._plans.pop(request_id, None)
+        self._need.pop(request_id, None)
         self._staged.pop(request_id, None)
 
     def __contains__(self, request_id: str) -> bool:
@@ -110,31 +118,37 @@ class GuidedDecoding:
         """Replace each sampled token after which its output could no longer end within
         ``max_tokens`` by its plan's next token; True if any was replaced."""
         replaced = False
+        if not self._need:  # the common case: no constrained request to watch
+            return replaced
         for i, seq in enumerate(seqs):
-            matcher = self._matchers.get(seq.request_id)
-            if matcher is None:
+            rid = seq.request_id
+            need = self._need.get(rid)
+            if need is None:
                 continue
             left = seq.params.max_tokens - seq.num_output_tokens  # this step's token included
-            plan = self._plans.get(seq.request_id)
-            if plan is None:
-                if left > _CHECK_MARGIN:
-                    continue
-                plan = self._plans[seq.request_id] = self.closer.path(matcher)
-                if plan is None:
-                    continue  # no ending known: nothing to steer toward
-            if left > len(plan) + _CHECK_MARGIN:
+            plan = self._plans.get(rid)
+            if left > need + _CHECK_MARGIN and (plan is not None
+                                                or seq.num_output_tokens % _REFRESH):
                 continue
+            matcher = self._matchers[rid]
+            if plan is None:
+                plan = self._plans[rid] = self.closer.path(matcher)
+                if plan is None:
+                    continue
+                self._need[rid] = len(plan)
+                if left > len(plan) + _CHECK_MARGIN:
+                    continue
             token = tokens[i]
             if plan and token == plan[0]:
                 continue  # on plan: what it needs shrinks with the budget
             after = self._plan_after(matcher, token, plan, left - 1)
             if after is not None and len(after) <= left - 1:
-                self._staged[seq.request_id] = (token, after)
+                self._staged[rid] = (token, after)
                 continue
-            allowed = self._allowed.get(seq.request_id)
+            allowed = self._allowed.get(rid)
             if plan and allowed is not None and not bool(allowed[plan[0]]):
                 # A plan kept from an earlier state, tokenized otherwise than the mask wants
-                plan = self._plans[seq.request_id] = self.closer.path(matcher)
+                plan = self._plans[rid] = self.closer.path(matcher)
             if plan:
                 tokens[i] = plan[0]
                 replaced = True
@@ -182,10 +196,14 @@ class GuidedDecoding:
         plan = self._plans.get(request_id)
         staged = self._staged.pop(request_id, None)
         if staged is not None and staged[0] == token:
-            self._plans[request_id] = staged[1]
+            plan = staged[1]
         elif plan and plan[0] == token:
-            self._plans[request_id] = plan[1:]
+            plan = plan[1:]
         else:
-            self._plans[request_id] = None  # worked out again when it matters
+            plan = None  # the last known length stands in until it is worked out again
+        if request_id in self._need:
+            self._plans[request_id] = plan
+            if plan is not None:
+                self._need[request_id] = len(plan)
         matcher.consume_token(token)
         return matcher.is_stopped() or matcher.is_error()
