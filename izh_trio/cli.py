@@ -14,6 +14,7 @@ import attrs
 import trio
 
 from izh_trio.frontend.settings import Settings, parse_lora_module
+from izh_trio.wire import log_format
 
 
 def _lora_module(text: str) -> tuple[str, str]:
@@ -79,7 +80,11 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter")
     p.add_argument("--backlog", type=int, default=2048,
                    help="listen backlog: a burst of new connections beyond it is reset")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", default=d.log_level, type=str.upper,
+                   choices=log_format.LEVELS)
+    p.add_argument("--log-format", default=d.log_format, choices=log_format.FORMATS,
+                   help="every log line, one per request included: text, or json (one "
+                        "object a line)")
 
 
 def _settings_from(args: argparse.Namespace) -> Settings:
@@ -191,8 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     except (TypeError, ValueError) as exc:  # the settings' own validators: a usage error
         serve_parser = sub.choices["serve"]
         serve_parser.error(str(exc))
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    log_format.configure(settings.log_level, settings.log_format)
     try:
         serve(settings, backlog=args.backlog)
     except KeyboardInterrupt:  # before the server took the signals over

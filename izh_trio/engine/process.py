@@ -43,6 +43,7 @@ from izh_trio.wire import (
     StepOutputs,
     UnloadLora,
     encode_frame,
+    log_format,
 )
 from izh_trio.wire.codec import converter
 
@@ -185,9 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out-fd", type=int, required=True)
     parser.add_argument("--config", required=True, help="EngineConfig as JSON")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=os.environ.get("IZH_ENGINE_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s engine %(levelname)s %(message)s")
     config = converter.structure(json.loads(args.config), EngineConfig)
+    log_format.configure(os.environ.get("IZH_ENGINE_LOG_LEVEL", "INFO"), config.log_format)
     try:
         return serve(config, args.in_fd, args.out_fd)
     except BrokenPipeError:

@@ -11,6 +11,7 @@ from quart import g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
+from izh_trio.frontend.access_log import with_access_log
 from izh_trio.frontend.errors import APIError, error_body
 from izh_trio.frontend.request_scope import with_request_scope
 from izh_trio.frontend.routes import BLUEPRINTS
@@ -85,7 +86,8 @@ def create_app(settings: Settings) -> QuartTrio:
 
     for bp in BLUEPRINTS:
         app.register_blueprint(bp)
-    app.asgi_app = with_request_scope(_shield_last_send(app.asgi_app))  # type: ignore[method-assign]
+    app.asgi_app = with_access_log(  # type: ignore[method-assign]
+        with_request_scope(_shield_last_send(app.asgi_app)))
     return app
 
 

@@ -20,6 +20,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 import attrs
 import trio
 
+from izh_trio.frontend import access_log
 from izh_trio.frontend.engine_client import EngineUnavailable
 from izh_trio.frontend.errors import APIError
 from izh_trio.frontend.metrics import Metrics
@@ -63,6 +64,7 @@ class _Choice:
         self.detok = server.tokenizer.detokenizer(spec.skip_special_tokens, spec.keep_special)
         self.stop = StopChecker(spec.stop, spec.include_stop_str)
         self.done = False
+        self.reason: str | None = None
         self.started = False
         self.last: float | None = None
         self.counts = (len(spec.prompt_ids), 0, 0)  # prompt, output, cached tokens so far
@@ -79,6 +81,7 @@ class _Choice:
         now = time.monotonic()
         if self.last is None:
             metrics.ttft.observe(now - arrival)
+            access_log.note_first_token(now - arrival)
         else:
             metrics.itl.observe(now - self.last)
         self.last = now
@@ -117,7 +120,7 @@ class _Choice:
                metrics: Metrics, elapsed: float) -> ChoiceDelta:
         first, self.started = not self.started, True
         if reason is not None:
-            self.done = True
+            self.done, self.reason = True, reason
             metrics.e2e.observe(elapsed)
             metrics.request_success.labels(finished_reason=reason).inc()
         return ChoiceDelta(self.spec.index, text, token_ids, logprobs, prompt_logprobs, reason,
@@ -144,12 +147,22 @@ class Generation:
         self._aborted = reason
         self._notifier.notify()
 
+    def report(self) -> None:
+        """Hand the access log this generation's totals, counted as usage counts them: a
+        prompt its ``n`` samples share (one list) once, with its first sample's cache hits."""
+        firsts = {id(c.spec.prompt_ids): c for c in reversed(self._choices)}.values()
+        access_log.note_generation(
+            prompt_tokens=sum(c.counts[0] for c in firsts),
+            completion_tokens=sum(c.counts[1] for c in self._choices),
+            cached_tokens=sum(c.counts[2] for c in firsts),
+            finish_reasons=[c.reason for c in self._choices if c.reason is not None])
+
     async def next(self) -> list[ChoiceDelta]:
         """The deltas that arrived since the last call; an empty list once every choice ended."""
         expired = False
         while True:
             if self._aborted is not None:
-                raise APIError(503, self._aborted)
+                raise access_log.noted(APIError(503, self._aborted))
             try:
                 if expired:
                     return [c.expire(self._metrics, self._arrival) for c in self._choices
@@ -158,8 +171,9 @@ class Generation:
                        and (d := c.take(self._metrics, self._arrival)) is not None]
             except EngineError as exc:
                 if exc.rejected:
-                    raise APIError(400, str(exc)) from None
-                raise APIError(500, f"the request failed in the engine: {exc}") from None
+                    raise access_log.noted(APIError(400, str(exc))) from None
+                raise access_log.noted(
+                    APIError(500, f"the request failed in the engine: {exc}")) from None
             if out or self.finished:
                 return out
             if self._deadline == math.inf:  # no deadline: skip the cancel scope (hot path)
@@ -198,10 +212,11 @@ async def open_generation(server: Server, plan: GenerationPlan) -> AsyncIterator
             except EngineUnavailable as exc:
                 raise APIError(503, f"the engine is unavailable: {exc}") from None
             except ValueError as exc:
-                raise APIError(400, str(exc)) from None
+                raise access_log.noted(APIError(400, str(exc))) from None
             choices.append(_Choice(spec, stream, server))
         generation = Generation(choices, notifier, server.metrics, plan.arrival,
                                 plan.deadline)
         server.generations.add(generation)
         stack.callback(server.generations.discard, generation)
+        stack.callback(generation.report)
         yield generation

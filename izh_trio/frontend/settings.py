@@ -12,6 +12,8 @@ import attrs
 from attrs import validators as v
 
 from izh_trio.wire import EngineConfig
+from izh_trio.wire.log_format import FORMATS as LOG_FORMATS
+from izh_trio.wire.log_format import LEVELS as LOG_LEVELS
 
 #: Environment names that are not simply the field's name in capitals.
 _ENV_NAMES = {"api_keys": "API_KEY"}
@@ -111,6 +113,10 @@ class Settings:
     max_lora_rank: int | None = attrs.field(default=None, validator=v.optional(v.ge(1)))
     #: Serve ``POST /v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` (else 404).
     enable_lora_runtime_updates: bool = False
+    #: Every log line, the access log's included: ``text`` or ``json`` (one object a line).
+    log_format: str = attrs.field(default="text", validator=v.in_(LOG_FORMATS))
+    log_level: str = attrs.field(default="INFO", converter=str.upper,
+                                 validator=v.in_(LOG_LEVELS))
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -165,4 +171,5 @@ class Settings:
             max_loras=self.max_loras,
             max_lora_rank=self.max_lora_rank,
             lora_runtime_updates=self.enable_lora_runtime_updates,
+            log_format=self.log_format,
         )

@@ -61,6 +61,8 @@ class EngineConfig:
     max_lora_rank: int | None = attrs.field(default=None, validator=v.optional(v.ge(1)))
     #: Accept ``LoadLora`` / ``UnloadLora`` while serving.
     lora_runtime_updates: bool = False
+    #: The core's log lines: ``text`` or ``json``, as the frontend's (``wire.log_format``).
+    log_format: str = attrs.field(default="text", validator=v.in_(("text", "json")))
 
 
 def _unique_names(pairs: tuple[tuple[str, str], ...]) -> None:
