@@ -28,6 +28,24 @@ class ToolPlan:
     parse: bool  # look for calls in the output
     forced: Constraint | None  # forced calls: "required" or a named function
     legacy: bool = False  # functions / function_call: answer in their shape
+    parallel: bool = False  # several calls may follow one another
+
+    def constraint(self, requested: Constraint | None) -> Constraint | None:
+        """The output's one constraint, given the one its format fields ask for.
+
+        A response format shapes a text answer. A forced call is no text answer, so the call
+        grammar alone applies (OpenAI accepts both, and agent frameworks send both). With
+        tools offered freely, a JSON format becomes the alternative to calling: the model may
+        call, or answer in that format. Other formats (a regex, a grammar) leave no room for
+        calls."""
+        if self.forced is not None:
+            return self.forced
+        if requested is None or not self.parse or requested.json_schema is None:
+            return requested
+        assert self.tools is not None
+        return Constraint(requested.param, tool_call_grammar(
+            self.tools, only=None, parallel=self.parallel, or_json=requested.json_schema),
+            requested.json_schema)
 
     @property
     def finish_reason(self) -> str:
@@ -134,4 +152,4 @@ def _plan(tools: list[dict[str, Any]] | None, choice: Any, named: str | None, *,
     forced = named is not None or choice == "required"
     constraint = (Constraint(choice_param, tool_call_grammar(
         tools, only=named, parallel=parallel and named is None)) if forced else None)
-    return ToolPlan(tools, True, constraint, legacy)
+    return ToolPlan(tools, True, constraint, legacy, parallel=parallel and named is None)

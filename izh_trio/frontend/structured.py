@@ -21,7 +21,7 @@ from izh_trio.frontend.errors import APIError
 _JSON_OPTIONS = {"whitespace_flexible": False}
 
 
-def json_schema_grammar(schema: Any, param: str) -> str:
+def _schema(schema: Any, param: str) -> dict[str, Any] | bool:
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
@@ -29,10 +29,20 @@ def json_schema_grammar(schema: Any, param: str) -> str:
             raise APIError(400, f"the JSON schema is not valid JSON: {exc}", param=param) from None
     if not isinstance(schema, dict | bool):
         raise APIError(400, "a JSON schema must be an object", param=param)
+    return schema
+
+
+def json_schema_grammar(schema: Any, param: str) -> str:
     try:
-        return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_OPTIONS)
+        return llguidance.LLMatcher.grammar_from_json_schema(_schema(schema, param),
+                                                              defaults=_JSON_OPTIONS)
     except (ValueError, RuntimeError, TypeError) as exc:
         raise APIError(400, f"invalid JSON schema: {exc}", param=param) from None
+
+
+def json_constraint(schema: Any, param: str) -> Constraint:
+    """A JSON schema constraint, which keeps its schema (to be offered beside tool calls)."""
+    return Constraint(param, json_schema_grammar(schema, param), _schema(schema, param))
 
 
 def regex_grammar(regex: Any, param: str) -> str:
@@ -84,8 +94,11 @@ def rerooted(schema: Any, base: str) -> Any:
     return out
 
 
-def tool_call_grammar(tools: list[dict[str, Any]], *, only: str | None, parallel: bool) -> str:
-    """Qwen3's native calls: ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``.
+def tool_call_grammar(tools: list[dict[str, Any]], *, only: str | None, parallel: bool,
+                      or_json: dict[str, Any] | bool | None = None) -> str:
+    """Qwen3's native calls: ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``,
+    or, given ``or_json``, alternatively one JSON value of that schema (a text answer in the
+    response format the request asked for).
 
     Each tool's parameters become ``$defs/tool_<i>`` of one document, their own references
     re-rooted there, so that ``$defs``/``definitions`` and recursion resolve as they would
@@ -105,16 +118,22 @@ def tool_call_grammar(tools: list[dict[str, Any]], *, only: str | None, parallel
             "additionalProperties": False,
         })
     schema = {"anyOf": variants, "$defs": defs, "x-guidance": _JSON_OPTIONS}
-    start = 'start: call ("\\n" call)*' if parallel else "start: call"
+    calls = 'call ("\\n" call)*' if parallel else "call"
+    start = f"start: {calls}"
+    if or_json is not None and or_json is not False:  # (false admits no answer at all)
+        answer = {**(or_json if isinstance(or_json, dict) else {}), "x-guidance": _JSON_OPTIONS}
+        start = f"start: ({calls}) | answer\nanswer: %json {json.dumps(answer)}"
     return f'{start}\ncall: <tool_call> "\\n" %json {json.dumps(schema)} "\\n" </tool_call>\n'
 
 
 @attrs.frozen
 class Constraint:
-    """A request's output constraint: the grammar, and the field it came from."""
+    """A request's output constraint: the grammar, the field it came from, and for a JSON
+    schema constraint the schema itself."""
 
     param: str
     grammar: str
+    json_schema: dict[str, Any] | bool | None = None
 
 
 def _one(found: list[Constraint]) -> Constraint | None:
@@ -135,30 +154,30 @@ def request_constraint(body: dict[str, Any]) -> Constraint | None:
             raise APIError(400, "response_format.type must be 'text', 'json_object' or "
                                 "'json_schema'", param="response_format")
         if fmt["type"] == "json_object":
-            found.append(Constraint("response_format", json_schema_grammar(
-                {"type": "object"}, "response_format")))
+            found.append(json_constraint({"type": "object"}, "response_format"))
         elif fmt["type"] == "json_schema":
             spec = fmt.get("json_schema")
             if not isinstance(spec, dict) or "schema" not in spec:
                 raise APIError(400, "response_format.json_schema.schema is required",
                                param="response_format")
-            found.append(Constraint("response_format", json_schema_grammar(
-                spec["schema"], "response_format")))
+            found.append(json_constraint(spec["schema"], "response_format"))
     so = body.get("structured_outputs")
     if so is not None:
         if not isinstance(so, dict):
             raise APIError(400, "structured_outputs must be an object",
                            param="structured_outputs")
-        makers = {"json": json_schema_grammar, "regex": regex_grammar,
-                  "choice": choice_grammar, "grammar": lark_grammar}
+        if so.get("json") is not None:
+            found.append(json_constraint(so["json"], "structured_outputs"))
+        makers = {"regex": regex_grammar, "choice": choice_grammar, "grammar": lark_grammar}
         for key, make in makers.items():
             if so.get(key) is not None:
                 found.append(Constraint("structured_outputs", make(so[key], "structured_outputs")))
         if so.get("json_object"):
-            found.append(Constraint("structured_outputs", json_schema_grammar(
-                {"type": "object"}, "structured_outputs")))
-    legacy = {"guided_json": json_schema_grammar, "guided_regex": regex_grammar,
-              "guided_choice": choice_grammar, "guided_grammar": lark_grammar}
+            found.append(json_constraint({"type": "object"}, "structured_outputs"))
+    if body.get("guided_json") is not None:
+        found.append(json_constraint(body["guided_json"], "guided_json"))
+    legacy = {"guided_regex": regex_grammar, "guided_choice": choice_grammar,
+              "guided_grammar": lark_grammar}
     for key, make in legacy.items():
         if body.get(key) is not None:
             found.append(Constraint(key, make(body[key], key)))

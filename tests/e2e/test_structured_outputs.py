@@ -79,6 +79,45 @@ def test_named_tool_choice_calls_that_function(client: openai.OpenAI) -> None:
         assert {c.function.name for c in calls} == {"get_time"}
 
 
+FORECAST = {"type": "object", "properties": {"summary": {"type": "string"},
+                                            "high": {"type": "integer"}},
+            "required": ["summary", "high"]}
+FORECAST_FORMAT = {"type": "json_schema", "json_schema": {"name": "forecast",
+                                                          "schema": FORECAST}}
+
+
+def test_a_forced_call_with_a_response_format_is_the_call(client: openai.OpenAI) -> None:
+    """Agent frameworks send tools, a forced choice and their output type's format at once
+    (OpenAI accepts it): the answer is the call; the format is for a later text answer."""
+    def one(seed: int):
+        return client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice="required",
+            response_format=FORECAST_FORMAT, temperature=1.0, seed=seed, max_tokens=200)
+
+    for out in _many(one, range(4)):
+        assert out.choices[0].finish_reason == "tool_calls"
+        _check_calls(out.choices[0].message.tool_calls)
+
+
+def test_free_tools_with_a_response_format_call_or_answer_in_it(client: openai.OpenAI
+                                                                 ) -> None:
+    """With tool_choice auto, the model may call a tool or answer in the requested format:
+    each answer is one of the two, valid."""
+    def one(seed: int):
+        return client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, tools=TOOLS, response_format=FORECAST_FORMAT,
+            temperature=1.0, seed=seed, max_tokens=200)
+
+    for out in _many(one, range(16)):
+        choice = out.choices[0]
+        if choice.message.tool_calls:
+            assert choice.finish_reason == "tool_calls"
+            _check_calls(choice.message.tool_calls)
+        else:  # (which of the two a random model picks is its own affair: see test_tool_grammar)
+            assert choice.finish_reason == "stop", choice
+            jsonschema.validate(json.loads(choice.message.content), FORECAST)
+
+
 def test_streamed_tool_calls_reassemble_to_the_non_streamed_ones(client: openai.OpenAI
                                                                   ) -> None:
     kwargs = dict(model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice="required",

@@ -67,3 +67,23 @@ def test_calls_with_references_match_the_grammar(tokenizer, only: str | None) ->
     # an enum value the referenced definition does not allow stops the call
     wrong = [ids[0], *tokenizer.tokenize_str("\n" + call.replace('"green"', '"blue"'))]
     assert llguidance.LLMatcher(tokenizer, grammar).try_consume_tokens(wrong) < len(wrong)
+
+
+def test_a_json_answer_beside_free_calls(tokenizer) -> None:
+    """tool_choice auto with a JSON response format: a call, or an answer in the format."""
+    tools = [{"type": "function", "function": {"name": "first", "parameters": PARAMS}}]
+    answer = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    grammar = tool_call_grammar(tools, only=None, parallel=True, or_json=answer)
+    assert not llguidance.LLMatcher.validate_grammar(grammar, tokenizer)
+
+    def ends(ids: list[int]) -> bool:
+        matcher = llguidance.LLMatcher(tokenizer, grammar)
+        return matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()
+
+    call = tokenizer.tokenize_str("<tool_call>")[:1] + tokenizer.tokenize_str(
+        '\n{"name":"first","arguments":{"color":"red","node":{"v":1},"old":true,"again":null,'
+        '"enum":"","$ref":{"$ref":"#/not/a/reference"}}}\n') + tokenizer.tokenize_str(
+        "</tool_call>")[:1]
+    assert ends(call)
+    assert ends(tokenizer.tokenize_str('{"n":12}'))
+    assert not ends(tokenizer.tokenize_str('{"m":12}'))

@@ -43,6 +43,7 @@ from izh_trio.frontend.routes.common import (
 )
 from izh_trio.frontend.schemas import ChatCompletionRequest, parse_body
 from izh_trio.frontend.server import Server
+from izh_trio.frontend.structured import request_constraint
 
 bp = Blueprint("chat", __name__)
 
@@ -76,7 +77,7 @@ async def chat_completions() -> Any:
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
     plan = plan_tools(req)
-    constraint = await checked_constraint(server, body, plan.forced)
+    constraint = await checked_constraint(server, plan.constraint(request_constraint(body)))
     prompt_ids = render_prompt(server, req, plan)
     check_prompt(server, prompt_ids)
     max_tokens = req.max_completion_tokens or req.max_tokens

@@ -17,7 +17,7 @@ from izh_trio.frontend.admission import Ticket
 from izh_trio.frontend.errors import APIError
 from izh_trio.frontend.generation import ChoiceSpec, Generation, GenerationPlan, open_generation
 from izh_trio.frontend.server import Server, ServerState
-from izh_trio.frontend.structured import Constraint, check_grammar, request_constraint
+from izh_trio.frontend.structured import Constraint, check_grammar
 from izh_trio.wire import SamplingParams
 
 REQUEST_ID_HEADER = "X-Request-Id"
@@ -135,14 +135,9 @@ def request_id(request: Request, prefix: str) -> str:
     return rid
 
 
-async def checked_constraint(server: Server, body: dict[str, Any],
-                             forced: Constraint | None = None) -> Constraint | None:
-    """The request's output constraint (or a forced one), compiled against the vocabulary."""
-    found = request_constraint(body)
-    if found is not None and forced is not None:
-        raise APIError(400, f"{forced.param} cannot be combined with another output constraint",
-                       param=found.param)
-    constraint = found or forced
+async def checked_constraint(server: Server, constraint: Constraint | None
+                             ) -> Constraint | None:
+    """The output constraint, checked against the vocabulary (or a 400 naming its field)."""
     if constraint is not None:
         tokenizer = await trio.to_thread.run_sync(lambda: server.tokenizer.ll_tokenizer)
         check_grammar(constraint.grammar, tokenizer, constraint.param)

@@ -39,6 +39,7 @@ from izh_trio.frontend.routes.common import (
     server_of,
 )
 from izh_trio.frontend.schemas import CompletionRequest, parse_body
+from izh_trio.frontend.structured import request_constraint
 
 bp = Blueprint("completions", __name__)
 
@@ -83,7 +84,7 @@ async def completions() -> Any:
         # The prompt's text is only shown by echo: don't decode id prompts for nothing.
         text = p if isinstance(p, str) else server.tokenizer.decode(ids) if req.echo else ""
         prompts.append(_Prompt(ids, text))
-    constraint = await checked_constraint(server, body)
+    constraint = await checked_constraint(server, request_constraint(body))
     # echo + logprobs reports the prompt's tokens too, so the engine must score them.
     prompt_lp = req.prompt_logprobs
     if req.echo and req.logprobs is not None:
