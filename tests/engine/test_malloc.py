@@ -20,21 +20,30 @@ def step():  # a step's activations: several blocks of a few MiB, all freed at i
     del blocks
 for _ in range(3):  # warm up: the heap grows to the step's peak once
     step()
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+faults = []
 for _ in range(20):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     step()
-print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(*faults)
 """
 
 
-def _faults(mode: str) -> int:
+def _step_faults(mode: str) -> list[int]:
     done = subprocess.run([sys.executable, "-c", _PROBE, mode], capture_output=True, text=True,
                           timeout=120, check=True)
-    return int(done.stdout.split()[-1])
+    return [int(f) for f in done.stdout.split()[-20:]]
+
+
+def _faults(mode: str) -> int:
+    return sum(_step_faults(mode))
 
 
 def test_a_freed_block_is_reused_without_page_faults() -> None:
-    assert _faults("tuned") < 500
+    # Once in a while one block is placed in fresh heap after the warm-up and faulted in
+    # once (3,072 faults: 12 MiB), then reused: steps that fault are rare, not the rule.
+    faults = _step_faults("tuned")
+    assert sum(f > 500 for f in faults) <= 2, faults
     # The control: by default glibc trims the heap's freed top (48 MiB here) after every step
     # and faults it in again in the next, ~12k faults a step. Not in every run: in about one
     # in six the freed blocks do not end up at the heap's top (placement varies from run to
