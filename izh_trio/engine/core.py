@@ -9,7 +9,7 @@ import attrs
 import torch
 
 from izh_trio.engine.block_manager import BlockManager
-from izh_trio.engine.guided import GuidedDecoding
+from izh_trio.engine.guided import ConstraintBroken, GuidedDecoding
 from izh_trio.engine.logprobs import token_logprobs
 from izh_trio.engine.lora.adapter import LoraError
 from izh_trio.engine.model_runner import ModelRunner
@@ -57,6 +57,8 @@ class EngineCore:
                                      cfg.eos_token_ids)
         self.sampler = Sampler(config.seed, self.guided)
         self.num_steps = 0
+        #: Requests that broke during the last steps, to be reported (``take_failures``).
+        self.failures: list[RequestFailed] = []
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
 
@@ -172,16 +174,31 @@ class EngineCore:
         for item in batch:  # in schedule order, as the outputs go out
             token, logprobs = tokens.get(item.seq, (None, None))
             reason = self.scheduler.advance(item, token)
-            if token is not None:
-                outputs.append(self._emit(item.seq, token, logprobs, reason))
+            if token is not None and (out := self._emit(item.seq, token, logprobs, reason)):
+                outputs.append(out)
         return outputs
 
+    def take_failures(self) -> list[RequestFailed]:
+        """The requests that broke while they ran since the last call (their blocks are
+        already free)."""
+        failures, self.failures = self.failures, []
+        return failures
+
     def _emit(self, seq: Sequence, token: int, logprobs: TokenLogprobs | None,
-              reason: FinishReason | None) -> RequestOutput:
-        """Report the token a step sampled (the only new one); retire the sequence if done."""
-        if self.guided.accept(seq.request_id, token) and reason is not FinishReason.STOP:
-            # The grammar is complete: nothing more may follow, even if the budget is spent.
-            reason = FinishReason.STOP
+              reason: FinishReason | None) -> RequestOutput | None:
+        """Report the token a step sampled (the only new one); retire the sequence if done.
+        None: the request broke instead (see ``take_failures``)."""
+        try:
+            if self.guided.accept(seq.request_id, token) and reason is not FinishReason.STOP:
+                # The grammar is complete: nothing more may follow, even if the budget is spent.
+                reason = FinishReason.STOP
+        except ConstraintBroken as exc:  # never a "successful" answer that breaks the contract
+            self.scheduler.finish(seq, FinishReason.ABORT)
+            self._forget(seq.request_id)
+            self.failures.append(RequestFailed(
+                seq.request_id, f"the output constraint could not be enforced: {exc}",
+                rejected=False))
+            return None
         num_output = seq.num_output_tokens
         first = num_output == 1
         self.generation_tokens_total += 1

@@ -76,6 +76,8 @@ class GrammarCloser:
             return None
         units, stopped = walked
         tokens = self._tokens_along(matcher, units)
+        if tokens is None:
+            return None
         return tokens if stopped else [*tokens, self.eos]
 
     def _walk(self, matcher: llguidance.LLMatcher, order: list[int], *, least_used: bool
@@ -116,10 +118,12 @@ class GrammarCloser:
         matcher.rollback(1)
         return True
 
-    def _tokens_along(self, matcher: llguidance.LLMatcher, units: list[int]) -> list[int]:
+    def _tokens_along(self, matcher: llguidance.LLMatcher, units: list[int]
+                      ) -> list[int] | None:
         """The same bytes as the vocabulary's tokens, as a steered output would take them:
         at each step the canonical token of the rest if the grammar's mask allows it (in a
-        forced stretch llguidance allows only that one), else the longest allowed token."""
+        forced stretch llguidance allows only that one), else the longest allowed token.
+        None if the matcher fails on the way (a limit of the library hit)."""
         tokens: list[int] = []
         i = 0
         try:
@@ -135,7 +139,7 @@ class GrammarCloser:
                 else:
                     token, width = self._next_token(matcher, bytes(run))
                 if matcher.try_consume_tokens([token]) != 1:
-                    raise RuntimeError(f"the closing path broke at token {token}")
+                    return None
                 tokens.append(token)
                 i += width
             return tokens

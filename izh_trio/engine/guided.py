@@ -34,10 +34,23 @@ _CHECK_MARGIN = 32
 _REFRESH = 8
 
 
+class ConstraintBroken(Exception):
+    """A request's matcher failed mid-output: its constraint can no longer be enforced."""
+
+
+def _short(error: str) -> str:
+    """The library's message, its first line: what follows is its parser's state dump (or a
+    native backtrace), internals a client has no use for."""
+    return error.strip().split("\n", 1)[0][:300]
+
+
 class GuidedDecoding:
-    def __init__(self, tokenizer_path: Path, vocab_size: int, eos_token_ids: tuple[int, ...]
-                 ) -> None:
+    def __init__(self, tokenizer_path: Path, vocab_size: int, eos_token_ids: tuple[int, ...],
+                 limits: llguidance.LLParserLimits | None = None) -> None:
+        """``limits``: the grammar library's bounds on work per step and on a grammar's size
+        (its defaults when None: ~15 ms of lexer work and 50,000 parser items a step)."""
         self._tokenizer_path = tokenizer_path
+        self._limits = limits
         self._vocab_size = vocab_size
         self._eos = list(eos_token_ids)
         self._tokenizer: llguidance.LLTokenizer | None = None
@@ -71,12 +84,16 @@ class GuidedDecoding:
         """Compile the request's grammar; returns the error instead of raising. A grammar
         whose shortest output does not fit in ``max_tokens`` is an error too."""
         try:
-            matcher = llguidance.LLMatcher(self.tokenizer, grammar)
+            # log_level 0: its errors are reported here, not printed on the engine's stderr
+            matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0,
+                                           limits=self._limits)
         except (ValueError, RuntimeError) as exc:
             return f"invalid grammar: {exc}"
         if matcher.is_error():
-            return f"invalid grammar: {matcher.get_error()}"
+            return f"invalid grammar: {_short(matcher.get_error())}"
         plan = self.closer.path(matcher)
+        if matcher.is_error():  # a limit hit while looking for the shortest ending
+            return f"the output constraint cannot be enforced: {_short(matcher.get_error())}"
         if plan is not None and len(plan) > max_tokens:
             return (f"max_tokens={max_tokens} is too small for the output constraint: its "
                     f"shortest valid output takes {len(plan)} tokens")
@@ -189,10 +206,14 @@ class GuidedDecoding:
                 matcher.rollback(consumed)
 
     def accept(self, request_id: str, token: int) -> bool:
-        """Advance the request's matcher; True once its grammar is complete."""
+        """Advance the request's matcher; True once its grammar is complete. Raises
+        :class:`ConstraintBroken` if the matcher fails (a limit of the grammar library hit
+        mid-output): the output could no longer be held to its constraint."""
         matcher = self._matchers.get(request_id)
         if matcher is None:
             return False
+        if matcher.is_error():  # failed computing this step's mask: only eos was left open
+            raise ConstraintBroken(_short(matcher.get_error()))
         plan = self._plans.get(request_id)
         staged = self._staged.pop(request_id, None)
         if staged is not None and staged[0] == token:
@@ -206,4 +227,6 @@ class GuidedDecoding:
             if plan is not None:
                 self._need[request_id] = len(plan)
         matcher.consume_token(token)
-        return matcher.is_stopped() or matcher.is_error()
+        if matcher.is_error():
+            raise ConstraintBroken(_short(matcher.get_error()))
+        return matcher.is_stopped()

@@ -173,6 +173,7 @@ def serve(config: EngineConfig, in_fd: int, out_fd: int) -> int:
                 return 3
             if outputs:
                 replies.append(StepOutputs(outputs))
+            replies += core.take_failures()
             changed = True
         if changed:
             replies.append(core.stats())

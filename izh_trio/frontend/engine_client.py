@@ -241,7 +241,11 @@ class EngineClient:
         elif isinstance(msg, RequestFailed):
             stream = self._streams.get(msg.request_id)
             if stream is not None:
-                stream.reject(msg.message)
+                if msg.rejected:
+                    stream.reject(msg.message)
+                else:
+                    stream.done_in_core = True
+                    stream.fail(msg.message)
         elif isinstance(msg, Ready):
             self.ready = msg
             if self.state is ClientState.STARTING:

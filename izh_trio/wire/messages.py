@@ -175,10 +175,12 @@ class StepOutputs:
 
 @attrs.frozen
 class RequestFailed:
-    """The core rejected one request; every other request goes on."""
+    """One request failed in the core; every other request goes on. ``rejected``: it was
+    refused at admission (the client's input); else it broke while it ran."""
 
     request_id: str
     message: str
+    rejected: bool = True
 
 
 @attrs.frozen
