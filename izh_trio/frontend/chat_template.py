@@ -18,6 +18,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from izh_trio.frontend.chat_messages import normalize_messages, normalize_tools
 from izh_trio.frontend.errors import APIError
+from izh_trio.frontend.prompt_literals import Literals, RenderedPrompt
 from izh_trio.frontend.schemas import REASONING_EFFORTS
 
 __all__ = ["ChatTemplate", "normalize_messages", "normalize_tools", "with_reasoning_effort"]
@@ -80,6 +81,9 @@ class ChatTemplate:
         self.source = source
         # Unset tokens stay undefined, as transformers leaves them out of special_tokens_map.
         self.special_tokens = {k: v for k, v in special_tokens.items() if v is not None}
+        #: The special tokens' texts, kept literal in client strings (``prompt_literals``);
+        #: the tokenizer sets them once it is loaded.
+        self.special_texts: frozenset[str] = frozenset()
 
     @classmethod
     def from_tokenizer_config(cls, config: dict[str, Any]) -> ChatTemplate | None:
@@ -97,20 +101,49 @@ class ChatTemplate:
         self, messages: Any, *, tools: Any = None, add_generation_prompt: bool = True,
         continue_final_message: bool = False, chat_template_kwargs: Any = None,
     ) -> str:
-        """The prompt for ``messages`` (raw from the request body; validated here)."""
+        """The prompt text for ``messages`` (raw from the request body; validated here)."""
+        return self.render_prompt(
+            messages, tools=tools, add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            chat_template_kwargs=chat_template_kwargs).text
+
+    def render_prompt(
+        self, messages: Any, *, tools: Any = None, add_generation_prompt: bool = True,
+        continue_final_message: bool = False, chat_template_kwargs: Any = None,
+    ) -> RenderedPrompt:
+        """The prompt for ``messages``, with the spans where the client's strings hold
+        special-token text (to be encoded as text, not as control tokens)."""
         if add_generation_prompt and continue_final_message:
             raise APIError(400, "add_generation_prompt and continue_final_message cannot both be "
                                 "true", param="continue_final_message")
         chat = normalize_messages(messages)
-        variables = {**self.special_tokens, **_template_kwargs(chat_template_kwargs)}
-        variables.update(messages=chat, tools=normalize_tools(tools),
-                         add_generation_prompt=add_generation_prompt)
+        kwargs = _template_kwargs(chat_template_kwargs)
+        tool_list = normalize_tools(tools)
+        variables = {**self.special_tokens, **kwargs, "messages": chat, "tools": tool_list,
+                     "add_generation_prompt": add_generation_prompt}
         if continue_final_message:
             final = chat[-1]
             if final["role"] != "assistant" or "tool_calls" in final:
                 raise APIError(400, "continue_final_message needs the last message to be an "
                                     "assistant message without tool_calls", param="messages")
             final["content"] += _CONTINUE_MARK
+        literals = Literals(self.special_texts)  # everything but the template's own tokens
+        escaped = {**self.special_tokens, **literals.escape(kwargs),
+                   "messages": literals.escape(chat), "tools": literals.escape(tool_list),
+                   "add_generation_prompt": add_generation_prompt}
+        text = self._render(escaped, continue_final_message)
+        if not literals.used:
+            return RenderedPrompt(text)
+        prompt = literals.restore(text)
+        # Only a template that copies client text as it is lets its spans be known: the text
+        # must be exactly what the template makes of the strings themselves.
+        if prompt.text != self._render(variables, continue_final_message):
+            raise APIError(400, "the chat template transforms message text that contains "
+                                "special-token text, so that text cannot be kept literal; "
+                                "remove the special-token text", param="messages")
+        return prompt
+
+    def _render(self, variables: dict[str, Any], continue_final_message: bool) -> str:
         try:
             text = self._template.render(**variables)
         except _RENDER_ERRORS as exc:

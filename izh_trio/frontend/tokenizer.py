@@ -16,6 +16,7 @@ import llguidance
 
 from izh_trio.frontend.chat_template import ChatTemplate
 from izh_trio.frontend.detokenizer import IncrementalDetokenizer
+from izh_trio.frontend.prompt_literals import RenderedPrompt
 from izh_trio.frontend.tokenizer_loading import clean_up_tokenization, load_tokenizer
 
 
@@ -56,6 +57,15 @@ class ModelTokenizer:
         if template_file.is_file():
             self.config = {**self.config, "chat_template": template_file.read_text()}
         self.chat_template = ChatTemplate.from_tokenizer_config(self.config)
+        specials = [t for t in self.tokenizer.get_added_tokens_decoder().values() if t.special]
+        if self.chat_template is not None:
+            self.chat_template.special_texts = frozenset(t.content for t in specials)
+        # What each special token's text is as plain text, for client text in a prompt.
+        self.tokenizer.encode_special_tokens = True
+        self._as_text = {t.content: self.tokenizer.encode(t.content,
+                                                          add_special_tokens=False).ids
+                         for t in specials}
+        self.tokenizer.encode_special_tokens = bool(self.config.get("split_special_tokens"))
         self.defaults = GenerationDefaults.from_file(model_dir / "generation_config.json")
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
         self.special_ids = frozenset(
@@ -74,6 +84,19 @@ class ModelTokenizer:
         """Text to ids; special-token text in it is parsed as the special token. A rendered
         chat prompt carries its own BOS, so only raw completions prompts ask for one."""
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_prompt(self, prompt: RenderedPrompt) -> list[int]:
+        """A rendered chat prompt to ids: the template's own special-token text as control
+        tokens, the client's (its literal spans) as the plain text it is."""
+        if not prompt.literal_spans:
+            return self.encode(prompt.text)
+        ids: list[int] = []
+        pos = 0
+        for start, end in prompt.literal_spans:
+            ids += self.encode(prompt.text[pos:start]) if start > pos else []
+            ids += self._as_text[prompt.text[start:end]]
+            pos = end
+        return ids + (self.encode(prompt.text[pos:]) if pos < len(prompt.text) else [])
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         text = self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)

@@ -53,12 +53,12 @@ def render_prompt(server: Server, req: ChatCompletionRequest, plan: ToolPlan) ->
     if template is None:
         raise APIError(400, "this model has no chat template; use /v1/completions",
                        param="messages")
-    text = template.render(req.messages, tools=plan.tools,
-                           add_generation_prompt=req.add_generation_prompt,
-                           continue_final_message=req.continue_final_message,
-                           chat_template_kwargs=with_reasoning_effort(
-                               req.chat_template_kwargs, req.reasoning_effort))
-    return server.tokenizer.encode(text)
+    prompt = template.render_prompt(req.messages, tools=plan.tools,
+                                    add_generation_prompt=req.add_generation_prompt,
+                                    continue_final_message=req.continue_final_message,
+                                    chat_template_kwargs=with_reasoning_effort(
+                                        req.chat_template_kwargs, req.reasoning_effort))
+    return server.tokenizer.encode_prompt(prompt)
 
 
 @bp.post("/v1/chat/completions")

@@ -47,7 +47,7 @@ async def tokenize() -> Any:
         template = server.tokenizer.chat_template
         if template is None:
             raise APIError(400, "this model has no chat template", param="messages")
-        ids = server.tokenizer.encode(template.render(
+        ids = server.tokenizer.encode_prompt(template.render_prompt(
             req.messages, tools=req.tools, add_generation_prompt=req.add_generation_prompt,
             continue_final_message=req.continue_final_message,
             chat_template_kwargs=req.chat_template_kwargs))
