@@ -45,7 +45,7 @@ class Literals:
     def __init__(self, special_texts: Collection[str]) -> None:
         texts = sorted((t for t in special_texts if t), key=len, reverse=True)
         self._pattern = re.compile("|".join(map(re.escape, texts))) if texts else None
-        self._nonce = "".join(chr(_PUA + secrets.randbelow(0xFFFD)) for _ in range(_NONCE_CHARS))
+        self._nonce = ""  # drawn at the first placeholder: most prompts need none
         self._texts: list[str] = []  # placeholder k stands for _texts[k]
 
     @property
@@ -65,6 +65,9 @@ class Literals:
         return value
 
     def _placeholder(self, match: re.Match[str]) -> str:
+        if not self._nonce:
+            self._nonce = "".join(chr(_PUA + secrets.randbelow(0xFFFD))
+                                  for _ in range(_NONCE_CHARS))
         self._texts.append(match[0])
         return f"{self._nonce}{len(self._texts) - 1}{self._nonce}"
 
