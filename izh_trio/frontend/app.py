@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 import logging
 from typing import Any
 
@@ -11,7 +10,9 @@ from quart import g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
+from izh_trio.frontend import protocol_errors
 from izh_trio.frontend.access_log import with_access_log
+from izh_trio.frontend.auth import OPEN_PATHS, authorized, bearer_token, key_bytes
 from izh_trio.frontend.errors import APIError, error_body
 from izh_trio.frontend.request_scope import with_request_scope
 from izh_trio.frontend.routes import BLUEPRINTS
@@ -42,17 +43,14 @@ def create_app(settings: Settings) -> QuartTrio:
     async def _stop() -> None:
         await server.stop()
 
+    keys = key_bytes(server.api_keys)
+    protocol_errors.install()  # hypercorn's own 400/431 answers, in OpenAI's shape
+
     @app.before_request
     async def _authenticate() -> Any:
-        if not server.api_keys or not request.path.startswith("/v1/"):
+        if not keys or request.path in OPEN_PATHS:
             return None
-        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-        supplied = token.strip().encode() if scheme.lower() == "bearer" else b""
-        # Compare against every key so timing reveals neither a match nor which key.
-        matched = False
-        for key in server.api_keys:
-            matched |= hmac.compare_digest(supplied, key.encode())
-        if not matched:
+        if not authorized(bearer_token(request.scope["headers"]), keys):
             return error_body(401, "invalid or missing API key", code="invalid_api_key"), 401
         return None
 
@@ -61,11 +59,6 @@ def create_app(settings: Settings) -> QuartTrio:
         rid = getattr(g, "request_id", None) or request.headers.get(REQUEST_ID_HEADER)
         if rid:
             response.headers[REQUEST_ID_HEADER] = rid
-        # An error sent before the request body was read (auth, routing, size) can leave that
-        # body on the connection, and hypercorn then stalls the next request on it: close.
-        has_body = request.content_length or "Transfer-Encoding" in request.headers
-        if response.status_code >= 400 and has_body:
-            response.headers["Connection"] = "close"
         return response
 
     @app.errorhandler(APIError)
@@ -87,7 +80,7 @@ def create_app(settings: Settings) -> QuartTrio:
     for bp in BLUEPRINTS:
         app.register_blueprint(bp)
     app.asgi_app = with_access_log(  # type: ignore[method-assign]
-        with_request_scope(_shield_last_send(app.asgi_app)))
+        with_request_scope(_close_unless_body_read(_shield_last_send(app.asgi_app))))
     return app
 
 
@@ -123,3 +116,54 @@ def _shield_last_send(asgi_app: Any) -> Any:
         return await asgi_app(scope, receive, send_last_shielded)
 
     return app
+
+
+def _close_unless_body_read(asgi_app: Any) -> Any:
+    """Say ``Connection: close`` on an error answered before the request's body was read.
+
+    A request refused for its key, its path or its size may still be sending its body, and
+    hypercorn does not read a body for an app that has answered: once the answer is out it
+    closes the connection, silently, dropping whatever the client sent after it. The header
+    tells the client so. Only then: an error to a request whose body was read whole (bad
+    JSON, a bad field) leaves the connection open, and requests pipelined behind it on
+    HTTP/1.1 get their answers. quart reads the body as it arrives, whether or not the route
+    asks for it, so "read" is "its last part has come in", seen here in ``receive`` (a body
+    that came in with the headers may not have been taken yet when an early error goes out:
+    that connection is closed too, which is never wrong, only a reconnect).
+    """
+
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        # HTTP/2 ends a stream, not the connection (and forbids a Connection header).
+        if scope["type"] != "http" or scope.get("http_version") not in ("1.0", "1.1"):
+            return await asgi_app(scope, receive, send)
+        # A request without a body is complete once its headers are (hypercorn still sends
+        # one empty body message, which may not have been taken yet).
+        body_read = not _has_body(scope["headers"])
+
+        async def receive_noting(*args: Any) -> dict:
+            nonlocal body_read
+            message = await receive(*args)
+            if message["type"] == "http.request" and not message.get("more_body", False):
+                body_read = True
+            return message
+
+        async def send_closing(message: dict) -> None:
+            if message["type"] == "http.response.start" and message["status"] >= 400 \
+                    and not body_read:
+                headers = [(name, value) for name, value in message.get("headers", ())
+                           if name.lower() != b"connection"]
+                message = {**message, "headers": [*headers, (b"connection", b"close")]}
+            await send(message)
+
+        return await asgi_app(scope, receive_noting, send_closing)
+
+    return app
+
+
+def _has_body(headers: Any) -> bool:
+    for name, value in headers:
+        name = name.lower()
+        if name == b"transfer-encoding" or (name == b"content-length"
+                                            and value.strip() not in (b"0", b"")):
+            return True
+    return False

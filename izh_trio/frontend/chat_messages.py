@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from izh_trio.frontend import json_input
 from izh_trio.frontend.errors import APIError
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
@@ -72,9 +73,9 @@ def _tool_call(call: Any, where: str) -> dict[str, Any]:
         raise _bad(f"{where}.function.name", "must be a non-empty string")
     arguments = function.get("arguments")
     if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except ValueError as exc:
+        try:  # strictly, as the body itself: this JSON is the client's too
+            arguments = json_input.loads(arguments)
+        except json_input.JSONInputError as exc:
             raise _bad(f"{where}.function.arguments", f"is not valid JSON ({exc})") from None
     if not isinstance(arguments, dict):
         raise _bad(f"{where}.function.arguments", "must encode a JSON object")

@@ -9,6 +9,7 @@ but answer as OpenAI answers them: one ``message.function_call`` ({name, argumen
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import attrs
@@ -16,6 +17,7 @@ import attrs
 from izh_trio.frontend.chat_messages import normalize_tools
 from izh_trio.frontend.chat_parser import ToolCall
 from izh_trio.frontend.errors import APIError
+from izh_trio.frontend.offload import size_of
 from izh_trio.frontend.schemas import ChatCompletionRequest
 from izh_trio.frontend.structured import Constraint, tool_call_grammar
 
@@ -43,9 +45,10 @@ class ToolPlan:
         if requested is None or not self.parse or requested.json_schema is None:
             return requested
         assert self.tools is not None
-        return Constraint(requested.param, tool_call_grammar(
-            self.tools, only=None, parallel=self.parallel, or_json=requested.json_schema),
-            requested.json_schema)
+        return Constraint(requested.param, None, requested.json_schema, write=partial(
+            tool_call_grammar, self.tools, only=None, parallel=self.parallel,
+            or_json=requested.json_schema, param="functions" if self.legacy else "tools"),
+            size=size_of((self.tools, requested.json_schema)))
 
     @property
     def finish_reason(self) -> str:
@@ -150,6 +153,7 @@ def _plan(tools: list[dict[str, Any]] | None, choice: Any, named: str | None, *,
         raise APIError(400, f"{choice_param} names {named!r}, which is not among the "
                             f"{tools_param}", param=choice_param)
     forced = named is not None or choice == "required"
-    constraint = (Constraint(choice_param, tool_call_grammar(
-        tools, only=named, parallel=parallel and named is None)) if forced else None)
+    constraint = (Constraint(choice_param, write=partial(
+        tool_call_grammar, tools, only=named, parallel=parallel and named is None,
+        param=tools_param), size=size_of(tools)) if forced else None)
     return ToolPlan(tools, True, constraint, legacy, parallel=parallel and named is None)

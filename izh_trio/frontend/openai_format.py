@@ -15,12 +15,28 @@ from izh_trio.wire import SamplingParams, TokenLogprobs
 _FLOOR = -9999.0
 
 
-def check_prompt(server: Server, prompt_ids: list[int]) -> None:
+def check_prompt(server: Server, prompt_ids: list[int], *, max_tokens: int | None) -> None:
     if not prompt_ids:
         raise APIError(400, "the prompt is empty", param="prompt")
+    limit = server.ready.max_model_len
+    if len(prompt_ids) > limit:  # before the scan below: a client's ids may be millions
+        raise context_length_error(limit, len(prompt_ids), max_tokens)
     vocab = server.ready.model.vocab_size
     if any(not 0 <= t < vocab for t in prompt_ids):
         raise APIError(400, f"prompt token ids must be in [0, {vocab})", param="prompt")
+
+
+def context_length_error(limit: int, prompt_len: int, max_tokens: int | None) -> APIError:
+    """The 400 for a prompt and completion that do not fit in the model's context."""
+    if max_tokens is None:
+        max_tokens = limit - prompt_len
+    return APIError(
+        400,
+        f"This model's maximum context length is {limit} tokens. However, you requested "
+        f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} for "
+        f"the completion). Please reduce the length of the prompt or the completion.",
+        param="max_tokens", code="context_length_exceeded",
+    )
 
 
 def request_salt(req: SamplingFields) -> str | None:
@@ -47,13 +63,7 @@ def sampling_params(
     if max_tokens is None:
         max_tokens = limit - prompt_len
     if max_tokens < 1 or prompt_len + max_tokens > limit:
-        raise APIError(
-            400,
-            f"This model's maximum context length is {limit} tokens. However, you requested "
-            f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} for "
-            f"the completion). Please reduce the length of the prompt or the completion.",
-            param="max_tokens", code="context_length_exceeded",
-        )
+        raise context_length_error(limit, prompt_len, max_tokens)
     vocab = server.ready.model.vocab_size
     for name, ids in (("stop_token_ids", req.stop_token_ids or ()),
                       ("logit_bias", [t for t, _ in req.logit_bias])):

@@ -16,11 +16,15 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from izh_trio.frontend import heap
 from izh_trio.frontend.admission import Admission
 from izh_trio.frontend.engine_client import ClientState, EngineClient, EngineUnavailable
 from izh_trio.frontend.errors import innermost_message
+from izh_trio.frontend.grammar_pool import GrammarPool, WorkerSpec
 from izh_trio.frontend.limits import RateLimiter
 from izh_trio.frontend.metrics import Metrics
+from izh_trio.frontend.offload import Offload
+from izh_trio.frontend.prompt_size import PromptSize
 from izh_trio.frontend.settings import Settings
 from izh_trio.frontend.tokenizer import ModelTokenizer
 from izh_trio.wire import Ready, Stats
@@ -73,6 +77,12 @@ class Server:
         self.lora_lock = trio.Lock()  # one runtime update at a time
         self.engine_restarts = 0
         self.startup_failure: str | None = None  # why ``start`` failed, for the CLI to say
+        #: Big inputs' tokenizing and rendering, off the event loop (small ones inline).
+        self.offload = Offload()
+        #: Which prompts are too long by their size alone (set with the tokenizer).
+        self.prompt_size = PromptSize(None)
+        #: Where request grammars are compiled before admission (subprocesses, on demand).
+        self.grammars = GrammarPool(self._grammar_spec)
         self._supervisor_done = trio.Event()
 
     async def start(self, nursery: trio.Nursery) -> None:
@@ -91,7 +101,9 @@ class Server:
         self.model_name = self.settings.model_name(self.model_dir)
         if self.model_name in self.loras:
             raise ValueError(f"LoRA adapter name {self.model_name!r} is the served model's name")
+        heap.map_big_buffers()  # before the tokenizer's and requests' big allocations
         self.tokenizer = await trio.to_thread.run_sync(ModelTokenizer, self.model_dir)
+        self.prompt_size = await trio.to_thread.run_sync(PromptSize.of, self.tokenizer.tokenizer)
         await nursery.start(self._supervise)
         # Start-up objects (tokenizer, templates, imports) live as long as the server: keep
         # them out of every later collection, which then only walks per-request garbage.
@@ -159,6 +171,7 @@ class Server:
 
     async def stop(self) -> None:
         self.state = ServerState.STOPPED
+        await self.grammars.aclose()
         if self.client is not None:
             self.client.close()
         await self._supervisor_done.wait()
@@ -168,6 +181,13 @@ class Server:
     def ready(self) -> Ready:
         assert self.client is not None and self.client.ready is not None
         return self.client.ready
+
+    def _grammar_spec(self) -> WorkerSpec:
+        """The engine's view of the vocabulary (``engine/guided.py``), for grammar workers."""
+        assert self.model_dir is not None
+        model = self.ready.model
+        return WorkerSpec(self.model_dir / "tokenizer.json", model.vocab_size,
+                          model.eos_token_ids)
 
     def healthy(self) -> bool:
         return self.client is not None and self.client.healthy

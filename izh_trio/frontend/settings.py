@@ -132,7 +132,9 @@ class Settings:
     def all_api_keys(self) -> tuple[str, ...]:
         keys = list(self.api_keys)
         if self.api_keys_file is not None:
-            for line in self.api_keys_file.read_text().splitlines():
+            # UTF-8, whatever the locale: keys are compared as UTF-8 bytes (frontend.auth).
+            text = self.api_keys_file.read_text(encoding="utf-8", errors="surrogateescape")
+            for line in text.splitlines():
                 key = line.split("#", 1)[0].strip()
                 if key:
                     keys.append(key)

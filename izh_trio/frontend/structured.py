@@ -5,71 +5,130 @@ Accepted spellings (one per request): OpenAI's ``response_format`` (``json_objec
 ``grammar``, ``json_object``) and its older ``guided_json`` / ``guided_regex`` /
 ``guided_choice`` / ``guided_grammar`` fields, and tool calls forced by ``tool_choice``.
 JSON is compact (no free whitespace), so a bounded schema always closes in bounded tokens.
-A grammar that does not compile is a 400 before the request is admitted.
+
+Grammars are written here, in pure Python, in llguidance's own text forms (the JSON form
+its ``grammar_from_json_schema`` and ``grammar_from_regex`` write, and Lark), after the
+bounds of ``grammar_limits`` are checked. Nothing of llguidance runs in this process: each
+grammar is compiled once, before the request is admitted, by a grammar worker
+(``grammar_pool``) exactly as the engine will compile it; one it cannot compile is a 400.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
 from typing import Any
 
 import attrs
-import llguidance
 
+from izh_trio.frontend import json_input
 from izh_trio.frontend.errors import APIError
+from izh_trio.frontend.grammar_lark import check_lark
+from izh_trio.frontend.grammar_limits import (
+    check_choices,
+    check_regex,
+    check_schema,
+    check_schema_totals,
+)
+from izh_trio.frontend.offload import size_of
+from izh_trio.frontend.schema_refs import DATA_KEYWORDS, SCHEMA_MAPS
 
 _JSON_OPTIONS = {"whitespace_flexible": False}
 
 
 def _schema(schema: Any, param: str) -> dict[str, Any] | bool:
     if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except json.JSONDecodeError as exc:
+        try:  # strictly, as the body itself (json_input): this JSON is the client's too
+            schema = json_input.loads(schema)
+        except json_input.JSONInputError as exc:
             raise APIError(400, f"the JSON schema is not valid JSON: {exc}", param=param) from None
     if not isinstance(schema, dict | bool):
         raise APIError(400, "a JSON schema must be an object", param=param)
     return schema
 
 
-def json_schema_grammar(schema: Any, param: str) -> str:
+def _dumps(value: Any, param: str) -> str:
     try:
-        return llguidance.LLMatcher.grammar_from_json_schema(_schema(schema, param),
-                                                              defaults=_JSON_OPTIONS)
-    except (ValueError, RuntimeError, TypeError) as exc:
-        raise APIError(400, f"invalid JSON schema: {exc}", param=param) from None
+        return json.dumps(value, separators=(",", ":"), allow_nan=False)
+    except ValueError:  # NaN or an infinity, which a JSON body may carry but JSON cannot
+        raise APIError(400, "the JSON schema holds a number JSON cannot represent (NaN or "
+                            "an infinity)", param=param) from None
+
+
+def _top_level(name: str, json_schema: str, lark: str | None) -> str:
+    """llguidance's JSON grammar form, as its ``grammar_from_*`` functions write it."""
+    return (f'{{"grammars":[{{"name":"{name}","json_schema":{json_schema},'
+            f'"lark_grammar":{json.dumps(lark)}}}],"max_tokens":null}}')
+
+
+def json_schema_grammar(schema: Any, param: str) -> str:
+    """``grammar_from_json_schema(schema, defaults=_JSON_OPTIONS)``: the options are merged
+    under the schema's own ``x-guidance`` (its keys win)."""
+    schema = _schema(schema, param)
+    if not isinstance(schema, dict):  # as llguidance: true/false have no place for options
+        raise APIError(400, "invalid JSON schema: an object is needed, not true or false",
+                       param=param)
+    check_schema(schema, param)
+    own = schema.get("x-guidance")
+    schema = {**schema, "x-guidance": {**_JSON_OPTIONS, **own} if isinstance(own, dict)
+              else _JSON_OPTIONS}
+    return _top_level("json_schema", _dumps(schema, param), None)
 
 
 def json_constraint(schema: Any, param: str) -> Constraint:
     """A JSON schema constraint, which keeps its schema (to be offered beside tool calls)."""
-    return Constraint(param, json_schema_grammar(schema, param), _schema(schema, param))
+    schema = _schema(schema, param)
+    return deferred(param, json_schema_grammar, schema, schema)
+
+
+def regex_to_lark(regex: str) -> str:
+    """The regex as the body of a Lark ``/.../`` terminal (llguidance's ``regex_to_lark``,
+    Unicode semantics): ``/`` and control characters escaped, a lone trailing backslash
+    dropped."""
+    out, escaped = [], False
+    for c in regex:
+        was, escaped = escaped, False
+        if c == "/":
+            out.append("\\/")
+        elif c in "\n\r\t":
+            out.append({"\n": "\\n", "\r": "\\r", "\t": "\\t"}[c])
+        elif c == "\\" and not was:
+            escaped = True
+        else:
+            out.append("\\" + c if was else c)
+    return "".join(out)
 
 
 def regex_grammar(regex: Any, param: str) -> str:
     if not isinstance(regex, str):
         raise APIError(400, "a regex must be a string", param=param)
-    return llguidance.LLMatcher.grammar_from_regex(regex)
+    check_regex(regex, param)
+    return _top_level("regex", "null", f"start: /{regex_to_lark(regex)}/")
 
 
 def choice_grammar(choices: Any, param: str) -> str:
-    if not (isinstance(choices, list) and choices and all(isinstance(c, str) and c
-                                                           for c in choices)):
+    if not (isinstance(choices, list) and choices):
         raise APIError(400, "choices must be a non-empty array of non-empty strings",
                        param=param)
-    return "start: " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
+    check_choices(choices, param)  # first: a huge list is refused before it is read
+    if not all(isinstance(c, str) and c for c in choices):
+        raise APIError(400, "choices must be a non-empty array of non-empty strings",
+                       param=param)
+    # One terminal, not one rule of alternatives: llguidance's parser holds at most 2,000
+    # items in a row, and 2,000 alternative rules fail at the first token; its lexer takes
+    # the alternatives of one terminal in a single automaton.
+    return "start: CHOICE\nCHOICE: " + " | ".join(json.dumps(c, ensure_ascii=False)
+                                                  for c in choices)
 
 
 def lark_grammar(grammar: Any, param: str) -> str:
     if not isinstance(grammar, str) or not grammar.strip():
         raise APIError(400, "a grammar must be a non-empty string (Lark syntax)", param=param)
+    check_lark(grammar, param)
     return grammar
 
 
-#: Keywords whose values are data, not schemas: a "$ref" key inside them is not a reference.
-_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
-#: Keywords whose values map names to schemas: a property may be called "enum" or "default".
-_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions",
-                          "dependentSchemas"})
 
 
 def rerooted(schema: Any, base: str) -> Any:
@@ -85,9 +144,9 @@ def rerooted(schema: Any, base: str) -> Any:
     for key, value in schema.items():
         if key == "$ref" and isinstance(value, str) and value.startswith("#"):
             out[key] = base + value[1:]
-        elif key in _DATA_KEYWORDS:
+        elif key in DATA_KEYWORDS:
             out[key] = value
-        elif key in _SCHEMA_MAPS and isinstance(value, dict):  # names -> schemas
+        elif key in SCHEMA_MAPS and isinstance(value, dict):  # names -> schemas
             out[key] = {name: rerooted(sub, base) for name, sub in value.items()}
         else:
             out[key] = rerooted(value, base)
@@ -95,20 +154,25 @@ def rerooted(schema: Any, base: str) -> Any:
 
 
 def tool_call_grammar(tools: list[dict[str, Any]], *, only: str | None, parallel: bool,
-                      or_json: dict[str, Any] | bool | None = None) -> str:
+                      or_json: dict[str, Any] | bool | None = None,
+                      param: str = "tools") -> str:
     """Qwen3's native calls: ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``,
     or, given ``or_json``, alternatively one JSON value of that schema (a text answer in the
     response format the request asked for).
 
     Each tool's parameters become ``$defs/tool_<i>`` of one document, their own references
     re-rooted there, so that ``$defs``/``definitions`` and recursion resolve as they would
-    in the schema alone."""
-    variants, defs = [], {}
+    in the schema alone. The schemas are bounded (``grammar_limits``) one by one and
+    together; an error names ``param`` (``tools``, or the legacy ``functions``)."""
+    variants, defs, sizes = [], {}, []
+    if or_json is not None:
+        sizes.append(check_schema(or_json, param, "the response format's schema"))
     for i, tool in enumerate(tools):
         fn = tool["function"]
         if only is not None and fn["name"] != only:
             continue
         params = fn.get("parameters") or {"type": "object"}
+        sizes.append(check_schema(params, param, f"the parameters schema of {param}[{i}]"))
         defs[f"tool_{i}"] = rerooted(params, f"#/$defs/tool_{i}")
         variants.append({
             "type": "object",
@@ -117,6 +181,7 @@ def tool_call_grammar(tools: list[dict[str, Any]], *, only: str | None, parallel
             "required": ["name", "arguments"],
             "additionalProperties": False,
         })
+    check_schema_totals(sizes, param, "the tools' parameter schemas")
     schema = {"anyOf": variants, "$defs": defs, "x-guidance": _JSON_OPTIONS}
     calls = 'call ("\\n" call)*' if parallel else "call"
     start = f"start: {calls}"
@@ -128,12 +193,38 @@ def tool_call_grammar(tools: list[dict[str, Any]], *, only: str | None, parallel
 
 @attrs.frozen
 class Constraint:
-    """A request's output constraint: the grammar, the field it came from, and for a JSON
-    schema constraint the schema itself."""
+    """A request's output constraint: the field it came from, its grammar, and for a JSON
+    schema constraint the schema itself.
+
+    The grammar may be left to ``write``: its input's bounds are checked and the grammar is
+    written on first need, which ``checked_constraint`` makes happen off the event loop for
+    a big input (``size``: ``offload.size_of`` of it)."""
 
     param: str
-    grammar: str
+    _grammar: str | None = None
     json_schema: dict[str, Any] | bool | None = None
+    write: Callable[[], str] | None = attrs.field(default=None, kw_only=True, eq=False,
+                                                  repr=False)
+    size: int = attrs.field(default=0, kw_only=True)
+
+    @property
+    def grammar(self) -> str:
+        if self._grammar is not None:
+            return self._grammar
+        assert self.write is not None
+        return self.write()
+
+    def written(self) -> Constraint:
+        """This constraint with its grammar written (or a 400 for an input over a bound)."""
+        return self if self._grammar is not None else attrs.evolve(
+            self, grammar=self.grammar, write=None)
+
+
+def deferred(param: str, make: Callable[[Any, str], str], value: Any,
+             json_schema: dict[str, Any] | bool | None = None) -> Constraint:
+    """A constraint whose grammar ``make(value, param)`` writes when it is needed."""
+    return Constraint(param, None, json_schema, write=functools.partial(make, value, param),
+                      size=size_of(value))
 
 
 def _one(found: list[Constraint]) -> Constraint | None:
@@ -171,7 +262,7 @@ def request_constraint(body: dict[str, Any]) -> Constraint | None:
         makers = {"regex": regex_grammar, "choice": choice_grammar, "grammar": lark_grammar}
         for key, make in makers.items():
             if so.get(key) is not None:
-                found.append(Constraint("structured_outputs", make(so[key], "structured_outputs")))
+                found.append(deferred("structured_outputs", make, so[key]))
         if so.get("json_object"):
             found.append(json_constraint({"type": "object"}, "structured_outputs"))
     if body.get("guided_json") is not None:
@@ -180,11 +271,5 @@ def request_constraint(body: dict[str, Any]) -> Constraint | None:
               "guided_grammar": lark_grammar}
     for key, make in legacy.items():
         if body.get(key) is not None:
-            found.append(Constraint(key, make(body[key], key)))
+            found.append(deferred(key, make, body[key]))
     return _one(found)
-
-
-def check_grammar(grammar: str, tokenizer: llguidance.LLTokenizer, param: str) -> None:
-    error = llguidance.LLMatcher.validate_grammar(grammar, tokenizer)
-    if error:
-        raise APIError(400, f"invalid {param}: {error.strip()}", param=param)

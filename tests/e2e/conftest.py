@@ -78,14 +78,16 @@ def server(hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[s
 
 
 def engine_pid(server_pid: int) -> int:
-    """The engine core is the server's only child process."""
+    """The engine core: the server's one child running ``izh_trio.engine`` (grammar workers
+    are its children too)."""
     children = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
         except (FileNotFoundError, ProcessLookupError):
             continue
-        if int(fields[1]) == server_pid:
+        if int(fields[1]) == server_pid and b"izh_trio.engine" in cmdline:
             children.append(int(stat.parent.name))
     assert len(children) == 1, children
     return children[0]

@@ -35,6 +35,8 @@ TIME_TOOL = {"type": "function", "function": {"name": "get_time", "parameters": 
     "type": "object", "properties": {"tz": {"enum": ["UTC", "CET", "PST"]}},
     "required": ["tz"], "additionalProperties": False}}}
 HI = [{"role": "user", "content": "hi"}]
+#: The routes anyone may ask when keys are configured; every other one needs a key.
+OPEN_PATHS = {"/health", "/ready", "/metrics", "/version", "/openapi.json"}
 
 
 # --- the document, and validation against it -------------------------------------------------
@@ -175,8 +177,9 @@ def test_document_is_well_formed(spec: dict[str, Any]) -> None:
                     Draft202012Validator.check_schema(media["schema"])
             names = {deref(spec, p)["name"] for p in op.get("parameters", [])}
             assert "X-Request-Id" in names, (method, path)
-            # Bearer auth guards exactly the /v1/* routes, and only when keys are configured.
-            if path.startswith("/v1/"):
+            # Bearer auth guards every route but the probes and the server's self-description,
+            # and only when keys are configured.
+            if path not in OPEN_PATHS:
                 assert op["security"] == [{"bearerAuth": []}, {}], path
                 assert "401" in statuses
             else:
@@ -547,7 +550,9 @@ def test_guard_errors_validate(guarded: str, spec: dict[str, Any]) -> None:
     auth = {"Authorization": "Bearer k1"}
     for method, path, body in (("GET", "/v1/models", None),
                                ("POST", "/v1/completions", {"prompt": "x"}),
-                               ("POST", "/v1/chat/completions", {"messages": HI})):
+                               ("POST", "/v1/chat/completions", {"messages": HI}),
+                               ("POST", "/tokenize", {"prompt": "x"}),
+                               ("POST", "/detokenize", {"tokens": [1]})):
         for headers in ({}, {"Authorization": "Bearer wrong"}):
             r = httpx.request(method, guarded + path, json=body, headers=headers,
                               timeout=TIMEOUT)

@@ -11,6 +11,7 @@ from quart import Blueprint, Response, current_app, request
 
 from izh_trio.frontend import sse
 from izh_trio.frontend.chat_parser import MARKERS, ChatOutputParser, Event, ToolCall
+from izh_trio.frontend.chat_prompt import chat_prompt_ids
 from izh_trio.frontend.chat_template import with_reasoning_effort
 from izh_trio.frontend.chat_tools import ToolPlan, plan_tools
 from izh_trio.frontend.errors import APIError
@@ -48,17 +49,17 @@ from izh_trio.frontend.structured import request_constraint
 bp = Blueprint("chat", __name__)
 
 
-def render_prompt(server: Server, req: ChatCompletionRequest, plan: ToolPlan) -> list[int]:
+async def render_prompt(server: Server, req: ChatCompletionRequest, plan: ToolPlan
+                        ) -> list[int]:
     template = server.tokenizer.chat_template
     if template is None:
         raise APIError(400, "this model has no chat template; use /v1/completions",
                        param="messages")
-    prompt = template.render_prompt(req.messages, tools=plan.tools,
-                                    add_generation_prompt=req.add_generation_prompt,
-                                    continue_final_message=req.continue_final_message,
-                                    chat_template_kwargs=with_reasoning_effort(
-                                        req.chat_template_kwargs, req.reasoning_effort))
-    return server.tokenizer.encode_prompt(prompt)
+    return await chat_prompt_ids(server, template, req.messages, tools=plan.tools,
+                                 add_generation_prompt=req.add_generation_prompt,
+                                 continue_final_message=req.continue_final_message,
+                                 chat_template_kwargs=with_reasoning_effort(
+                                     req.chat_template_kwargs, req.reasoning_effort))
 
 
 @bp.post("/v1/chat/completions")
@@ -78,9 +79,9 @@ async def chat_completions() -> Any:
         raise APIError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
     plan = plan_tools(req)
     constraint = await checked_constraint(server, plan.constraint(request_constraint(body)))
-    prompt_ids = render_prompt(server, req, plan)
-    check_prompt(server, prompt_ids)
+    prompt_ids = await render_prompt(server, req, plan)
     max_tokens = req.max_completion_tokens or req.max_tokens
+    check_prompt(server, prompt_ids, max_tokens=max_tokens)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     specs = [
         ChoiceSpec(index=i, prompt_ids=prompt_ids,

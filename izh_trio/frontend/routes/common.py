@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import uuid
 from collections.abc import Sequence
@@ -10,18 +9,28 @@ from typing import Any
 
 import attrs
 import trio
-from quart import Quart, Request, g
+from quart import Quart, Request, current_app, g
 
-from izh_trio.frontend import request_scope
+from izh_trio.frontend import heap, json_input, request_scope
 from izh_trio.frontend.admission import Ticket
 from izh_trio.frontend.errors import APIError
 from izh_trio.frontend.generation import ChoiceSpec, Generation, GenerationPlan, open_generation
+from izh_trio.frontend.grammar_check import check_grammar
+from izh_trio.frontend.grammar_pool import (
+    GrammarBusy,
+    GrammarCrashed,
+    GrammarTimeout,
+    GrammarUnavailable,
+)
+from izh_trio.frontend.grammar_worker import Parsed
 from izh_trio.frontend.server import Server, ServerState
-from izh_trio.frontend.structured import Constraint, check_grammar
+from izh_trio.frontend.structured import Constraint
 from izh_trio.wire import SamplingParams
 
 REQUEST_ID_HEADER = "X-Request-Id"
 TIMEOUT_HEADER = "X-Request-Timeout"
+#: A body this large is parsed by a worker process (``grammar_worker``), off the event loop.
+_BIG_BODY = 1 << 20
 
 
 #: Choices (prompts x n) one request may ask for.
@@ -92,11 +101,38 @@ async def open_streamed(server: Server, plan: GenerationPlan, ticket: Ticket) ->
 
 
 async def json_body(request: Request) -> Any:
-    raw = await request.get_data()
+    """The request's JSON body: every route reads its body here, and every way a body can
+    fail to parse (syntax, encoding, lone surrogates, huge numbers, NaN, nesting) is a 400
+    naming the problem and, where known, the top-level field (``json_input``)."""
+    chunks = [chunk async for chunk in request.body]  # as they arrive; quart bounds them
+    if sum(map(len, chunks)) > _BIG_BODY:
+        # orjson holds the GIL (~40 ms per 30 MB, more under load): parsed by a worker, the
+        # chunks sent on as they are, never joined here (a fresh 30 MB buffer costs the
+        # loop tens of ms of page faults on this kind of VM)
+        parsed = await _parsed_by_a_worker(chunks)
+        del chunks  # megabytes of small buffers, now free in the heap: give them back
+        await trio.to_thread.run_sync(heap.trim)
+        if parsed.error is not None:
+            raise APIError(400, f"the request body is not valid JSON: {parsed.error}",
+                           param=parsed.field)
+        return parsed.value
+    raw = b"".join(chunks)
     try:
-        return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise APIError(400, f"the request body is not valid JSON: {exc}") from None
+        return json_input.loads(raw)
+    except json_input.JSONInputError as exc:
+        raise APIError(400, f"the request body is not valid JSON: {exc.message}",
+                       param=exc.field) from None
+
+
+async def _parsed_by_a_worker(chunks: list[bytes]) -> Parsed:
+    pool = server_of(current_app).grammars
+    try:
+        return await pool.parse_json(chunks)
+    except (GrammarTimeout, GrammarCrashed):
+        raise APIError(400, "the request body is too large or too complex to parse") from None
+    except (GrammarBusy, GrammarUnavailable):
+        raise APIError(503, "large request bodies cannot be parsed right now; retry shortly",
+                       headers={"Retry-After": "1"}) from None
 
 
 def served_model(server: Server, requested: str | None) -> str:
@@ -137,10 +173,14 @@ def request_id(request: Request, prefix: str) -> str:
 
 async def checked_constraint(server: Server, constraint: Constraint | None
                              ) -> Constraint | None:
-    """The output constraint, checked against the vocabulary (or a 400 naming its field)."""
-    if constraint is not None:
-        tokenizer = await trio.to_thread.run_sync(lambda: server.tokenizer.ll_tokenizer)
-        check_grammar(constraint.grammar, tokenizer, constraint.param)
+    """The output constraint with its grammar written (its input's bounds checked: in a
+    worker thread when it is big) and compiled once by a grammar worker (a subprocess: a
+    grammar that crashes the library crashes it, not this process) exactly as the engine
+    will compile it; or a 400 naming its field."""
+    if constraint is None:
+        return None
+    constraint = await server.offload.run(constraint.written, size=constraint.size)
+    await check_grammar(server.grammars, constraint.grammar, constraint.param)
     return constraint
 
 

@@ -23,6 +23,7 @@ from izh_trio.frontend.openai_format import (
     TokenText,
     check_prompt,
     completion_logprobs,
+    context_length_error,
     request_salt,
     sampling_params,
     usage,
@@ -39,6 +40,7 @@ from izh_trio.frontend.routes.common import (
     server_of,
 )
 from izh_trio.frontend.schemas import CompletionRequest, parse_body
+from izh_trio.frontend.server import Server
 from izh_trio.frontend.structured import request_constraint
 
 bp = Blueprint("completions", __name__)
@@ -77,13 +79,7 @@ async def completions() -> Any:
     if req.suffix:
         raise APIError(400, "suffix is not supported by this model", param="suffix")
     salt = request_salt(req)
-    prompts = []
-    for p in req.prompt:
-        ids = server.tokenizer.encode(p, add_special_tokens=True) if isinstance(p, str) else p
-        check_prompt(server, ids)
-        # The prompt's text is only shown by echo: don't decode id prompts for nothing.
-        text = p if isinstance(p, str) else server.tokenizer.decode(ids) if req.echo else ""
-        prompts.append(_Prompt(ids, text))
+    prompts = await _prompts(server, req)
     constraint = await checked_constraint(server, request_constraint(body))
     # echo + logprobs reports the prompt's tokens too, so the engine must score them.
     prompt_lp = req.prompt_logprobs
@@ -120,6 +116,29 @@ async def completions() -> Any:
                     render.apply(outs[d.index], d)
     choices = [render.choice(i, out, "".join(out.parts)) for i, out in enumerate(outs)]
     return {**head, "choices": choices, "usage": _usage(outs, req.n)}
+
+
+async def _prompts(server: Server, req: CompletionRequest) -> list[_Prompt]:
+    """The prompts' ids, and the text echo shows; big ones tokenized off the event loop."""
+    limit = server.ready.max_model_len
+    for p in req.prompt:  # every size first: a batch with one huge prompt tokenizes none
+        if isinstance(p, str):
+            server.prompt_size.check(p, limit, param="prompt")
+        elif len(p) > limit:
+            raise context_length_error(limit, len(p), req.max_tokens)
+
+    def work() -> list[_Prompt]:
+        prompts = []
+        for p in req.prompt:
+            ids = server.tokenizer.encode(p, add_special_tokens=True) if isinstance(p, str) \
+                else p
+            check_prompt(server, ids, max_tokens=req.max_tokens)
+            # The prompt's text is only shown by echo: don't decode id prompts for nothing.
+            text = p if isinstance(p, str) else server.tokenizer.decode(ids) if req.echo else ""
+            prompts.append(_Prompt(ids, text))
+        return prompts
+
+    return await server.offload.run(work, size=sum(map(len, req.prompt)))
 
 
 def _usage(outs: list[_ChoiceOut], n: int) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from typing import Any
 import attrs
 from quart import Blueprint, current_app, request
 
+from izh_trio.frontend.chat_prompt import chat_prompt_ids
 from izh_trio.frontend.errors import APIError
 from izh_trio.frontend.routes.common import json_body, served_model, server_of
 from izh_trio.frontend.schemas import parse_body
@@ -40,21 +41,30 @@ async def tokenize() -> Any:
     served_model(server, req.model)
     if (req.prompt is None) == (req.messages is None):
         raise APIError(400, "give exactly one of 'prompt' or 'messages'", param="prompt")
+    limit = server.ready.max_model_len
     if req.prompt is not None:
-        ids = server.tokenizer.tokenizer.encode(
-            req.prompt, add_special_tokens=req.add_special_tokens).ids
+        # Like vLLM, /tokenize counts prompts longer than the context; one that its size
+        # alone proves too long for it is refused as generation would refuse it, untokenized.
+        server.prompt_size.check(req.prompt, limit, param="prompt")
+        text = req.prompt
+        ids = await server.offload.run(
+            lambda: server.tokenizer.encode(text, add_special_tokens=req.add_special_tokens),
+            size=len(text))
     else:
         template = server.tokenizer.chat_template
         if template is None:
             raise APIError(400, "this model has no chat template", param="messages")
-        ids = server.tokenizer.encode_prompt(template.render_prompt(
-            req.messages, tools=req.tools, add_generation_prompt=req.add_generation_prompt,
+        ids = await chat_prompt_ids(
+            server, template, req.messages, tools=req.tools,
+            add_generation_prompt=req.add_generation_prompt,
             continue_final_message=req.continue_final_message,
-            chat_template_kwargs=req.chat_template_kwargs))
-    strs = ([server.tokenizer.tokenizer.id_to_token(t) for t in ids]
-            if req.return_token_strs else None)
-    return {"count": len(ids), "max_model_len": server.ready.max_model_len, "tokens": ids,
-            "token_strs": strs}
+            chat_template_kwargs=req.chat_template_kwargs)
+    strs = None
+    if req.return_token_strs:
+        vocab = server.tokenizer.tokenizer
+        strs = await server.offload.run(lambda: [vocab.id_to_token(t) for t in ids],
+                                        size=len(ids))
+    return {"count": len(ids), "max_model_len": limit, "tokens": ids, "token_strs": strs}
 
 
 @bp.post("/detokenize")
@@ -63,6 +73,11 @@ async def detokenize() -> Any:
     req = parse_body(DetokenizeRequest, await json_body(request))
     served_model(server, req.model)
     vocab = server.ready.model.vocab_size
-    if any(not 0 <= t < vocab for t in req.tokens):
-        raise APIError(400, f"token ids must be in [0, {vocab})", param="tokens")
-    return {"prompt": server.tokenizer.decode(req.tokens, skip_special_tokens=False)}
+    tokens = req.tokens
+
+    def work() -> str:
+        if any(not 0 <= t < vocab for t in tokens):
+            raise APIError(400, f"token ids must be in [0, {vocab})", param="tokens")
+        return server.tokenizer.decode(tokens, skip_special_tokens=False)
+
+    return {"prompt": await server.offload.run(work, size=len(tokens))}
