@@ -121,8 +121,19 @@ def post(server: str, path: str, body: Any, **kwargs: Any) -> httpx.Response:
     return httpx.post(server + path, json=body, timeout=TIMEOUT, **kwargs)
 
 
+def event_schema(spec: dict[str, Any], path: str) -> dict[str, Any]:
+    """The schema of one stream event's JSON: the ``contentSchema`` of the data of the
+    route's ``itemSchema`` (OpenAPI 3.2), the JSON branch beside the literal ``[DONE]``."""
+    media = documented(spec, "post", path, 200)["content"]["text/event-stream"]
+    data = deref(spec, media["itemSchema"])["properties"]["data"]
+    [json_data] = [branch for branch in data["anyOf"] if "contentSchema" in branch]
+    assert json_data["contentMediaType"] == "application/json"
+    return json_data["contentSchema"]
+
+
 def stream(spec: dict[str, Any], server: str, path: str, body: dict[str, Any]) -> list[dict]:
-    """Every ``data:`` event of a stream, each validated against the documented event schema."""
+    """Every ``data:`` event of a stream, each validated against the documented event schema,
+    and the whole stream (its events as an SSE parser gives them) against the stream's."""
     with httpx.stream("POST", server + path, json=body, timeout=TIMEOUT) as r:
         assert r.status_code == 200, r.read()
         assert media_type(r) == "text/event-stream"
@@ -130,8 +141,13 @@ def stream(spec: dict[str, Any], server: str, path: str, body: dict[str, Any]) -
         datas = [line[len("data: "):] for line in r.iter_lines() if line]
     assert datas and datas[-1] == "[DONE]", datas[-3:]
     assert all(d != "[DONE]" for d in datas[:-1])
+    parsed = [{"event": "message", "data": d} for d in datas]
+    validate(spec, media["schema"], parsed)
+    item_validator = validator(spec, media["itemSchema"])
+    for item in parsed:  # contentSchema is an annotation here: the JSON is checked below
+        item_validator.validate(item)
     events = [json.loads(d) for d in datas[:-1]]
-    event_validator = validator(spec, media["x-stream-event"])
+    event_validator = validator(spec, event_schema(spec, path))
     for event in events:
         assert "error" not in event, event
         event_validator.validate(event)
@@ -152,7 +168,7 @@ def walk(node: Any) -> Any:
 
 
 def test_document_is_well_formed(spec: dict[str, Any]) -> None:
-    assert spec["openapi"].startswith("3.1.")
+    assert spec["openapi"].startswith("3.2.")  # 3.2: itemSchema describes each SSE event
     assert spec["info"]["version"] == __version__
     assert spec["info"]["title"]
     # Every $ref resolves, and every schema component is a valid Draft 2020-12 schema.
@@ -175,6 +191,8 @@ def test_document_is_well_formed(spec: dict[str, Any]) -> None:
                 assert "X-Request-Id" in response.get("headers", {}), (method, path, status)
                 for media in response.get("content", {}).values():
                     Draft202012Validator.check_schema(media["schema"])
+                    if "itemSchema" in media:
+                        Draft202012Validator.check_schema(media["itemSchema"])
             names = {deref(spec, p)["name"] for p in op.get("parameters", [])}
             assert "X-Request-Id" in names, (method, path)
             # Bearer auth guards every route but the probes and the server's self-description,
@@ -192,7 +210,16 @@ def test_document_is_well_formed(spec: dict[str, Any]) -> None:
     for path in ("/v1/completions", "/v1/chat/completions"):
         content = spec["paths"][path]["post"]["responses"]["200"]["content"]
         assert set(content) == {"application/json", "text/event-stream"}
-        assert "x-stream-event" in content["text/event-stream"]
+        # The stream: an array of events (one [DONE]); each an SSE event whose data is
+        # [DONE] or the JSON of the route's stream event.
+        sse = content["text/event-stream"]
+        assert sse["schema"]["type"] == "array"
+        item = deref(spec, sse["itemSchema"])
+        assert item["required"] == ["data"]
+        assert {"const": "[DONE]"}.items() <= item["properties"]["data"]["anyOf"][0].items()
+        name = "CompletionStreamEvent" if path == "/v1/completions" \
+            else "ChatCompletionStreamEvent"
+        assert event_schema(spec, path) == component(name)
     for name in ("CompletionChunk", "ChatCompletionChunk", "ErrorResponse", "Usage"):
         assert name in spec["components"]["schemas"]
     assert spec["components"]["securitySchemes"]["bearerAuth"] == {
@@ -447,6 +474,23 @@ ACCEPTED = [
             "name": "get_time", "arguments": "{\"tz\": \"UTC\"}"}},
         {"role": "function", "name": "get_time", "content": "12:00"}],
         "functions": [TIME_TOOL["function"]], "function_call": "none", "max_tokens": 1}),
+    # the cross-field rules' other side: what they let through
+    ("/v1/completions", {"prompt": "x", "max_tokens": 1, "n": 2, "best_of": 2}),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 1, "best_of": 1}),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 1, "response_format": {"type": "text"},
+                         "guided_choice": ["a", "b"], "guided_regex": None}),
+    ("/v1/chat/completions", {"messages": HI, "max_tokens": 1, "structured_outputs": {
+        "choice": ["a", "b"], "json_object": False, "regex": None}, "guided_json": None}),
+    ("/v1/chat/completions", {"messages": HI, "max_tokens": 1, "tool_choice": "none",
+                              "logprobs": False, "top_logprobs": None}),
+    ("/v1/chat/completions", {"messages": [*HI, {"role": "assistant", "content": "Hel"}],
+                              "continue_final_message": True, "add_generation_prompt": False,
+                              "max_tokens": 1}),
+    ("/v1/chat/completions", {"messages": [
+        *HI, {"role": "assistant", "tool_calls": [
+            {"id": "c", "type": "function",
+             "function": {"name": "get_time", "arguments": {"tz": "UTC"}}}]},
+        {"role": "tool", "content": "12:00"}], "max_tokens": 1}),
 ]
 REJECTED = [
     ("/v1/completions", {"prompt": "x", "n": 0}, "n"),
@@ -507,6 +551,45 @@ REJECTED = [
     ("/v1/chat/completions", {"messages": HI, "tools": [{"type": "retrieval"}]}, "tools"),
     ("/v1/chat/completions", {"messages": HI, "chat_template_kwargs": {"messages": []}},
      "chat_template_kwargs"),
+    # cross-field rules, stated in the request schemas
+    ("/v1/completions", {"prompt": "x", "n": 2, "best_of": 3}, "best_of"),
+    ("/v1/completions", {"prompt": "x", "best_of": 2}, "best_of"),
+    ("/v1/completions", {"prompt": "x", "guided_regex": "a", "guided_choice": ["a"]},
+     "guided_choice"),
+    ("/v1/completions", {"prompt": "x", "response_format": {"type": "json_object"},
+                         "structured_outputs": {"regex": "a"}}, "structured_outputs"),
+    ("/v1/completions", {"prompt": "x", "structured_outputs": {"regex": "a",
+                                                               "json_object": True}},
+     "structured_outputs"),
+    ("/v1/completions", {"prompt": "x", "guided_json": True}, "guided_json"),
+    ("/v1/completions", {"prompt": "x", "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": False}}},
+     "response_format"),
+    ("/v1/chat/completions", {"messages": HI, "guided_grammar": "start: \"a\"",
+                              "response_format": {"type": "json_schema",
+                                                  "json_schema": {"schema": {}}}},
+     "guided_grammar"),
+    ("/v1/chat/completions", {"messages": HI, "logprobs": False, "top_logprobs": 1},
+     "top_logprobs"),
+    ("/v1/chat/completions", {"messages": [*HI, {"role": "assistant", "content": "Hel"}],
+                              "continue_final_message": True}, "continue_final_message"),
+    ("/v1/chat/completions", {"messages": HI, "tool_choice": "auto"}, "tool_choice"),
+    ("/v1/chat/completions", {"messages": HI, "tools": [], "tool_choice": "required"},
+     "tool_choice"),
+    ("/v1/chat/completions", {"messages": HI, "function_call": {"name": "get_time"}},
+     "function_call"),
+    ("/v1/chat/completions", {"messages": HI, "chat_template": "{{ messages }}"},
+     "chat_template"),
+    ("/v1/chat/completions", {"messages": [{"role": "user"}]}, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "assistant", "content": None,
+                                            "tool_calls": []}]}, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x", "tool_calls": [
+        {"function": {"name": "f", "arguments": "{}"}}]}]}, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "tool", "content": "x", "function_call": {
+        "name": "f", "arguments": "{}"}}]}, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "assistant", "function_call": {
+        "name": "f", "arguments": "{}"}, "tool_calls": [
+        {"function": {"name": "f", "arguments": "{}"}}]}]}, "messages"),
     ("/tokenize", {}, "prompt"),
     ("/tokenize", {"prompt": 5}, "prompt"),
     ("/detokenize", {"tokens": [-1]}, "tokens"),
@@ -684,6 +767,9 @@ def replace(name: str, instance: dict, dotted: str, value: Any) -> Any:
     drop("ChatCompletionChunk", CHUNK, "choices.0.delta"),
     drop("ChatCompletionChunk", CHUNK, "choices"),
     replace("ChatCompletionChunk", CHUNK, "choices", []),  # a usage-only chunk needs usage
+    # include_usage: null usage in every chunk but the usage-only one
+    replace("ChatCompletionChunk", {**CHUNK, "usage": None}, "choices", []),
+    replace("ChatCompletionChunk", {**CHUNK, "usage": None}, "usage", 0),
     drop("ChatCompletionStreamEvent", CHUNK, "id"),
     drop("ErrorResponse", ERROR, "error.param"),
     replace("ErrorResponse", ERROR, "error.code", None),

@@ -216,5 +216,7 @@ async def _stream(
                                       "usage": _usage(outs, prompt_len)}))
     except APIError as exc:  # the status line is gone: report in-band, then end the stream
         pending.append(sse.event(exc.body()))
+    except Exception as exc:  # a bug, reported in-band too: the stream still ends as documented
+        pending.append(sse.unexpected(exc))
     pending.append(sse.DONE)
     yield b"".join(pending)

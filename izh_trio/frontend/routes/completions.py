@@ -160,7 +160,12 @@ class _Renderer:
             text = out.prompt.text + text
             if self.req.logprobs is not None:
                 out.token_ids += out.prompt.ids
-                out.logprob_entries += [None, *(d.prompt_logprobs or ())]
+                # A deadline that passed before the engine scored the prompt leaves its
+                # logprobs unknown: null, as the first token's, one entry per token still.
+                scored = d.prompt_logprobs
+                if scored is None:
+                    scored = (None,) * (len(out.prompt.ids) - 1)
+                out.logprob_entries += [None, *scored]
         out.parts.append(text)
         out.text_len += len(text)
         out.token_ids += d.token_ids
@@ -208,6 +213,8 @@ async def _stream(
             pending.append(sse.event({**head, "choices": [], "usage": _usage(outs, req.n)}))
     except APIError as exc:  # the status line is gone: report in-band, then end the stream
         pending.append(sse.event(exc.body()))
+    except Exception as exc:  # a bug, reported in-band too: the stream still ends as documented
+        pending.append(sse.unexpected(exc))
     pending.append(sse.DONE)
     yield b"".join(pending)
 
