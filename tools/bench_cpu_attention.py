@@ -13,7 +13,7 @@ page-faults, which is not what the engine pays). The cache's blocks are handed o
 order, as after a while of admitting and finishing requests, so no call gets the hardware
 prefetcher's help across blocks for free. Prints milliseconds per call for the compiled
 kernel and for the torch path (gather K/V out of the cache with ``index_select``, then SDPA
-with an additive mask, as ``attention.paged_attention`` does without the kernel), the K/V
+with an additive mask, as the ``torch`` attention backend does), the K/V
 bytes each call has to read and the rate it read them at, and the largest difference
 between the two outputs. ``--module`` (repeatable) loads ``cpu_attention`` from a file
 instead (``package``: the package's own), to compare an older kernel with the current one;
@@ -22,10 +22,10 @@ round of ``--rounds``.
 
 ``--prefill N`` times a step of ``--batch`` prefill chunks of N query rows instead (each
 continuing to a context drawn from ``--min-ctx``..``--max-ctx``, at least N: equal to N is a
-fresh prompt), through the engine's own ``attention.build_metadata`` and
-``paged_attention``: the chunks' rows in one kernel call against one SDPA call a chunk, with
+fresh prompt), through the engine's own ``cpu`` attention backend (``attention/cpu_kernel.py``):
+the chunks' rows in one kernel call against one SDPA call a chunk, with
 ``--threads`` torch threads (the engine prefills with two on two cores). That is the
-measurement behind ``attention.IN_PLACE_PREFILL_WORK``.
+measurement behind ``cpu_kernel.IN_PLACE_PREFILL_WORK``.
 """
 
 from __future__ import annotations
@@ -147,8 +147,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _prefill(args: argparse.Namespace) -> int:
     """A step of prefill chunks through the engine's attention: kernel rows against SDPA."""
-    from izh_trio.engine import attention
-    from izh_trio.engine.attention import ChunkSpec, StepAttention, build_metadata
+    from izh_trio.engine.attention import ChunkSpec, StepAttention, cpu_kernel
 
     g = torch.Generator().manual_seed(args.seed)
     n, bs, h_q, h_kv, d = args.prefill, args.block_size, args.heads, args.kv_heads, args.head_dim
@@ -174,9 +173,9 @@ def _prefill(args: argparse.Namespace) -> int:
                 v_cache[c.block_table[i // bs], i % bs] = v[c.query_start + i]
 
     def timed(work: int) -> Callable[[], torch.Tensor]:
-        attention.IN_PLACE_PREFILL_WORK = work
-        meta = build_metadata(step, torch.device("cpu"), h_kv)
-        return functools.partial(attention.paged_attention, q, k, v, k_cache, v_cache, meta,
+        cpu_kernel.IN_PLACE_PREFILL_WORK = work
+        meta = cpu_kernel.CPU_KERNEL_BACKEND.build_metadata(step, torch.device("cpu"), h_kv)
+        return functools.partial(meta.paged_attention, q, k, v, k_cache, v_cache,
                                  d**-0.5)
 
     fns = {"kernel rows": timed(1 << 62), "SDPA per chunk": timed(0)}

@@ -6,8 +6,8 @@
 Single thread, as the engine runs torch; fp32. For each token count, one decoder layer's
 share: ``rms_norm`` (the input norm), ``qk_norm_rope_store`` (q/k norms, RoPE, the KV store
 into a paged cache at random slots) and ``add_rms_norm`` (the residual add and the norm
-after attention), each against the torch ops of ``models/qwen3.py`` and ``attention.store_kv``
-that the model runs without the kernels. Prints microseconds per call (best round of
+after attention), each against the torch ops of ``models/`` and the torch attention backend's
+``store_kv`` that the model runs without the kernels. Prints microseconds per call (best round of
 ``--rounds``, rounds interleaved so a busy machine slows both alike) and the largest
 difference between the two results.
 """
@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from izh_trio.engine import cpu_fused
-from izh_trio.engine.attention import store_kv
+from izh_trio.engine.attention.torch_sdpa import store_kv
 from izh_trio.engine.models.qwen3 import RMSNorm, RotaryEmbedding, apply_rope
 
 Result = torch.Tensor | tuple[torch.Tensor, ...]

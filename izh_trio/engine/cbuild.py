@@ -1,12 +1,14 @@
-"""Compile a C source string into a shared library once per machine, and load it with ctypes.
+"""Build the engine's C kernels into shared libraries once per machine; load them with ctypes.
 
-The engine's CPU kernels (``cpu_attention.py``, ``cpu_fused.py``) are C source held in their
-modules, built with the system compiler for this very CPU (``-march=native``) the first time
-an engine needs them. The library is cached under ``$IZH_CACHE_DIR`` (else
-``~/.cache/izh_trio``) by a digest of the source, the compiler and the flags, so a changed
-kernel or a different compiler builds afresh and an unchanged one is never rebuilt; an flock
-makes the engines of one machine compile once between them. With no compiler, or a source
-that does not compile, ``build`` returns None and the caller keeps its torch path.
+The engine's CPU kernels (``cpu_attention.py``, ``cpu_fused.py``, ``cpu_argmax.py``) are C
+sources in ``csrc/``, shipped as package data, built with the system compiler for this very
+CPU (``-march=native``) the first time an engine needs them: each module describes its kernel
+as a ``Kernel`` and calls ``Kernel.load`` on its first ``available()``. The library is cached
+under ``$IZH_CACHE_DIR`` (else ``~/.cache/izh_trio``) by a digest of the source, the compiler
+and the flags, so a changed kernel or a different compiler builds afresh and an unchanged one
+is never rebuilt; an flock makes the engines of one machine compile once between them. With
+the kernel switched off, no compiler, a source missing or one that does not compile, there is
+no library and the caller keeps its torch path.
 """
 
 from __future__ import annotations
@@ -19,8 +21,12 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from importlib import resources
 from pathlib import Path
+from typing import Any, Literal
+
+import attrs
 
 log = logging.getLogger(__name__)
 
@@ -70,3 +76,41 @@ def build(name: str, source: str, extra_flags: Sequence[str] = (), label: str | 
     except OSError as exc:
         log.warning("%s unavailable: %s", label, exc)
         return None
+
+
+#: ctypes signatures of a library's functions: name -> (restype, argtypes).
+Signatures = Mapping[str, tuple[Any, Sequence[Any]]]
+
+
+@attrs.frozen
+class Kernel:
+    """One C kernel of ``csrc/``: the one loader of all of them, so that each module only
+    says what its library is called, what switches it off and what its functions take."""
+
+    name: str  # csrc/{name}.c, and the cached library's file name
+    label: str  # names the kernel in log messages
+    switch: str  # the environment variable that, set to "0", keeps torch's path
+    signatures: Signatures
+    extra_flags: tuple[str, ...] = ()  # after FLAGS
+
+    def source(self) -> str:
+        """The C source, read from the package (a wheel ships ``csrc/`` as package data)."""
+        return (resources.files("izh_trio.engine") / "csrc" / f"{self.name}.c").read_text("utf-8")
+
+    def load(self) -> ctypes.CDLL | Literal[False]:
+        """The library with its functions' signatures set, built first if no cached copy
+        exists; False when it is switched off or cannot be had (the caller uses torch's)."""
+        if os.environ.get(self.switch, "1") == "0":
+            return False
+        try:
+            source = self.source()
+        except OSError as exc:  # a broken install: serve on torch's path rather than fail
+            log.warning("%s unavailable: no source (%s); using torch's", self.label, exc)
+            return False
+        lib = build(self.name, source, self.extra_flags, label=self.label)
+        if lib is None:
+            return False
+        for function, (restype, argtypes) in self.signatures.items():
+            getattr(lib, function).restype = restype
+            getattr(lib, function).argtypes = list(argtypes)
+        return lib

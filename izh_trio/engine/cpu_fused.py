@@ -17,150 +17,38 @@ The arithmetic is torch's, rounding for rounding (``-ffp-contract=off``: no FMA 
 rounds a product; the mean is the sum over ``n``, then ``1 / sqrt(mean + eps)``, ``x * r``,
 then ``weight * that``), so only the order of the sum of squares differs: fp32 logits agree
 with Hugging Face's as before. Plain loops that the compiler vectorises; one thread, as the
-engine runs torch. Built once per machine (``cbuild``). These functions only run kernels: the
-torch ops they replace live in one place, the model (``qwen3.py``), which decides once, when
-it is built, to call them (fp32 on CPU, the library built, not ``IZH_CPU_FUSED=0``).
+engine runs torch. The C source is ``csrc/cpu_fused.c``, built once per machine (``cbuild``).
+These functions only run kernels: the torch ops they replace live in one place, the model
+(``models/``), whose CPU twins call them instead, swapped in once at load (fp32 on CPU, the
+library built, not ``IZH_CPU_FUSED=0``: ``CausalLM.use_cpu_twins``).
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
 
 import torch
 
 from izh_trio.engine import cbuild
 
-_SOURCE = r"""
-#include <math.h>
-#include <stdint.h>
-#include <string.h>
-#define INLINE static inline __attribute__((always_inline))
-
-INLINE float sum_sq(const float *restrict x, int64_t n) {
-    float ss = 0.0f;
-    #pragma omp simd reduction(+:ss)
-    for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
-    return ss;
-}
-
-INLINE float inv_rms(float sum_sq, int64_t n, float eps) {
-    return 1.0f / sqrtf(sum_sq / (float)n + eps);
-}
-
-INLINE void scale(const float *restrict x, const float *restrict w, float r, int64_t n,
-                  float *restrict y) {
-    #pragma omp simd
-    for (int64_t i = 0; i < n; i++) y[i] = w[i] * (x[i] * r);
-}
-
-/* Rotate-half RoPE of one head: the first half pairs with -(second half), the second with
-   the first. */
-INLINE void rope(const float *restrict y, const float *restrict c, const float *restrict s,
-                 int64_t D, float *restrict out) {
-    const int64_t h = D / 2;
-    #pragma omp simd
-    for (int64_t i = 0; i < h; i++) out[i] = y[i] * c[i] + -y[i + h] * s[i];
-    #pragma omp simd
-    for (int64_t i = h; i < D; i++) out[i] = y[i] * c[i] + y[i - h] * s[i];
-}
-
-/* Up to R rows of n floats normed: their sums of squares first, so that the reductions and
-   square roots of different rows overlap instead of each waiting on the last. */
-enum { R = 4 };
-INLINE void norm_rows(const float *x, const float *w, float eps, int64_t rows, int64_t n,
-                      float *out) {
-    float r[R];
-    for (int64_t j = 0; j < rows; j++) r[j] = sum_sq(x + j * n, n);
-    for (int64_t j = 0; j < rows; j++) r[j] = inv_rms(r[j], n, eps);
-    for (int64_t j = 0; j < rows; j++) scale(x + j * n, w, r[j], n, out + j * n);
-}
-
-/* The same for a token's heads, each then rotated into q or k. D is a constant in the
-   specialised copies below: a head is then a few whole vectors, with no remainder loops. */
-INLINE int64_t qk_rows(const float *qkv, const float *qw, const float *kw, float eps,
-                       const float *cos, const float *sin, const int64_t *slots, float *q,
-                       float *k, float *kc, float *vc, int64_t T, int64_t HQ, int64_t HKV,
-                       const int64_t D, int64_t nslots) {
-    const int64_t H = HQ + HKV, row = (H + HKV) * D, kv = HKV * D;
-    float r[H], y[D] __attribute__((aligned(64)));
-    int64_t bad = 0;
-    for (int64_t t = 0; t < T; t++) {
-        const float *x = qkv + t * row;
-        for (int64_t h = 0; h < H; h++) r[h] = sum_sq(x + h * D, D);
-        for (int64_t h = 0; h < H; h++) r[h] = inv_rms(r[h], D, eps);
-        for (int64_t h = 0; h < H; h++) {
-            scale(x + h * D, h < HQ ? qw : kw, r[h], D, y);
-            rope(y, cos + t * D, sin + t * D, D,
-                 h < HQ ? q + (t * HQ + h) * D : k + (t * HKV + h - HQ) * D);
-        }
-        const int64_t slot = slots[t];
-        if (slot < 0 || slot >= nslots) {
-            bad++;
-            continue;
-        }
-        memcpy(kc + slot * kv, k + t * kv, kv * sizeof(float));
-        memcpy(vc + slot * kv, x + H * D, kv * sizeof(float));
-    }
-    return bad;
-}
-
-/* qkv: [T, (HQ + 2 HKV) D]; cos, sin: [T, D]; q: [T, HQ, D]; k: [T, HKV, D]; caches:
-   [nslots, HKV, D]. Returns how many tokens had a slot outside [0, nslots) (not stored). */
-int64_t qk_norm_rope_store(const float *qkv, const float *qw, const float *kw, float eps,
-                           const float *cos, const float *sin, const int64_t *slots,
-                           float *q, float *k, float *kc, float *vc, int64_t T, int64_t HQ,
-                           int64_t HKV, int64_t D, int64_t nslots) {
-#define QK(d) qk_rows(qkv, qw, kw, eps, cos, sin, slots, q, k, kc, vc, T, HQ, HKV, d, nslots)
-    return D == 64 ? QK(64) : D == 128 ? QK(128) : QK(D);
-}
-
-/* sum = residual + x; out = norm(sum); all [T, N]. */
-void add_rms_norm(const float *x, const float *residual, const float *w, float eps,
-                  float *sum, float *out, int64_t T, int64_t N) {
-    for (int64_t t = 0; t < T; t += R) {
-        const int64_t rows = T - t < R ? T - t : R;
-        const float *restrict a = residual + t * N, *restrict b = x + t * N;
-        float *restrict y = sum + t * N;
-        #pragma omp simd
-        for (int64_t i = 0; i < rows * N; i++) y[i] = a[i] + b[i];
-        norm_rows(y, w, eps, rows, N, out + t * N);
-    }
-}
-
-void rms_norm(const float *x, const float *w, float eps, float *out, int64_t T, int64_t N) {
-    for (int64_t t = 0; t < T; t += R) norm_rows(x + t * N, w, eps, T - t < R ? T - t : R, N,
-                                                 out + t * N);
-}
-"""
-
-#: Flags beyond ``cbuild.FLAGS``: round every product as torch does (no FMA contraction).
-EXTRA_FLAGS = ("-ffp-contract=off",)
-
-_lib: ctypes.CDLL | bool | None = None  # None: not tried yet; False: unavailable
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-
-
-def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
-    """Set the kernels' ctypes signatures on a library built from ``_SOURCE``."""
-    lib.qk_norm_rope_store.restype = _I
-    lib.qk_norm_rope_store.argtypes = [_P, _P, _P, _F, _P, _P, _P, _P, _P, _P, _P] + [_I] * 5
-    lib.add_rms_norm.restype = None
-    lib.add_rms_norm.argtypes = [_P, _P, _P, _F, _P, _P, _I, _I]
-    lib.rms_norm.restype = None
-    lib.rms_norm.argtypes = [_P, _P, _F, _P, _I, _I]
-    return lib
+#: ``csrc/cpu_fused.c``, built on the first ``available()``; every product rounded as torch
+#: rounds it (no FMA contraction).
+_KERNEL = cbuild.Kernel(
+    "cpu_fused", label="CPU fused kernels", switch="IZH_CPU_FUSED",
+    signatures={"qk_norm_rope_store": (_I, [_P, _P, _P, _F, _P, _P, _P, _P, _P, _P, _P]
+                                       + [_I] * 5),
+                "add_rms_norm": (None, [_P, _P, _P, _F, _P, _P, _I, _I]),
+                "rms_norm": (None, [_P, _P, _F, _P, _I, _I])},
+    extra_flags=("-ffp-contract=off",))
+_lib: ctypes.CDLL | bool | None = None  # None: not tried yet; False: unavailable
 
 
 def available() -> bool:
     """Whether the kernels are built (compiling them on the first ask); False with
     ``IZH_CPU_FUSED=0`` or no compiler."""
     global _lib
-    if _lib is None:
-        lib = None
-        if os.environ.get("IZH_CPU_FUSED", "1") != "0":
-            lib = cbuild.build("cpu_fused", _SOURCE, EXTRA_FLAGS, label="CPU fused kernels")
-        _lib = _declare(lib) if lib is not None else False
+    _lib = _KERNEL.load() if _lib is None else _lib
     return _lib is not False
 
 
@@ -171,7 +59,7 @@ def _check(x: torch.Tensor) -> None:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dim of ``x`` [..., N], as ``qwen3.RMSNorm``."""
+    """RMSNorm over the last dim of ``x`` [..., N], as ``models.layers.RMSNorm``."""
     _check(x)
     assert x.is_contiguous() and weight.is_contiguous() and weight.dtype == torch.float32
     out = torch.empty_like(x)

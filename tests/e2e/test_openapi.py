@@ -23,7 +23,7 @@ from jsonschema import Draft202012Validator
 from izh_trio import __version__
 from izh_trio.frontend.app import create_app
 from izh_trio.frontend.settings import Settings
-from tests.e2e.conftest import free_port, running_server, serve_args
+from tests.e2e.conftest import PACED, free_port, running_server, serve_args
 
 SPEC_PATH = Path(__file__).resolve().parents[2] / "schemas" / "openapi.json"
 METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
@@ -624,10 +624,12 @@ def guarded(hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
                       "--rate-limit-tokens-per-minute", "2000", "--max-pending", "1",
                       "--max-body-bytes", "4096")
     log = tmp_path_factory.mktemp("openapi") / "guarded.log"
-    with running_server(args, log, port=port) as (base, _proc):
+    # Paced: the stream that holds the one slot below runs 18 s or more, on any machine.
+    with running_server(args, log, port=port, env=PACED) as (base, _proc):
         yield base
 
 
+@pytest.mark.timing
 def test_guard_errors_validate(guarded: str, spec: dict[str, Any]) -> None:
     """401, 413, 429 and 503 (capacity) from a real server, each as documented."""
     auth = {"Authorization": "Bearer k1"}

@@ -21,7 +21,8 @@ def kernel_path(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
     if request.param == "portable":
         if platform.machine().lower() not in ("x86_64", "amd64"):
             pytest.skip("not x86: the engine's build already is the portable path")
-        lib = cbuild.build("cpu_argmax", cpu_argmax._SOURCE, ("-march=x86-64-v3", "-mno-avx512f"),
+        lib = cbuild.build("cpu_argmax", cpu_argmax._KERNEL.source(),
+                           ("-march=x86-64-v3", "-mno-avx512f"),
                            directory=tmp_path_factory.mktemp("portable"))
         assert lib is not None
         lib.argmax_rows.restype = None

@@ -90,7 +90,7 @@ def _portable_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
         assert compiler is not None  # available() found one
         tmp = tmp_path_factory.mktemp("portable")
         src, so = tmp / "attn.c", tmp / "attn.so"
-        src.write_text(cpu_attention._SOURCE)
+        src.write_text(cpu_attention._KERNEL.source())
         flags = ["-O3", "-march=x86-64-v3", "-mno-avx512f", "-fopenmp-simd", "-shared", "-fPIC"]
         subprocess.run([compiler, *flags, str(src), "-o", str(so), "-lm"], check=True)
         defines = subprocess.run([compiler, "-march=x86-64-v3", "-mno-avx512f", "-dM", "-E", "-"],
@@ -160,7 +160,7 @@ def test_large_scores_are_stable(kernel_path: str, offset: float) -> None:
 def test_engine_step_is_the_same_with_and_without_the_kernel(monkeypatch: pytest.MonkeyPatch
                                                              ) -> None:
     """The torch fallback (no compiler, or IZH_CPU_ATTENTION=0) decodes the same."""
-    from izh_trio.engine.attention import ChunkSpec, StepAttention, build_metadata, paged_attention
+    from izh_trio.engine.attention import TORCH_BACKEND, ChunkSpec, StepAttention, get_backend
 
     g = torch.Generator().manual_seed(3)
     k_cache = torch.randn(32, 4, 2, 16, generator=g)
@@ -171,13 +171,15 @@ def test_engine_step_is_the_same_with_and_without_the_kernel(monkeypatch: pytest
     step = StepAttention(slots=[0, 1, 2], prefills=[], decodes=decodes, block_size=4)
     q = torch.randn(3, 4, 16, generator=g)
     kv = torch.zeros(3, 2, 16)
-    fast = build_metadata(step, torch.device("cpu"), 2)
-    assert fast.in_place
-    in_place = paged_attention(q, kv, kv, k_cache, v_cache, fast, 0.25)
+    cpu = torch.device("cpu")
+    kernel = get_backend("auto", cpu, torch.float32)
+    assert kernel.name == "cpu"
+    in_place = kernel.build_metadata(step, cpu, 2).paged_attention(q, kv, kv, k_cache, v_cache,
+                                                                    0.25)
     monkeypatch.setattr(cpu_attention, "_lib", False)
-    slow = build_metadata(step, torch.device("cpu"), 2)
-    assert not slow.in_place
-    torch.testing.assert_close(in_place, paged_attention(q, kv, kv, k_cache, v_cache, slow, 0.25),
+    assert get_backend("auto", cpu, torch.float32) is TORCH_BACKEND
+    slow = TORCH_BACKEND.build_metadata(step, cpu, 2)
+    torch.testing.assert_close(in_place, slow.paged_attention(q, kv, kv, k_cache, v_cache, 0.25),
                                atol=1e-5, rtol=1e-5)
 
 
@@ -188,14 +190,13 @@ def test_prefill_chunks_in_place_match_the_torch_path(monkeypatch: pytest.Monkey
     one continuing a cached prefix (a prefix-cache hit or a later chunk), and a chunk too big
     for the kernel (SDPA) placed before the kernel's rows (they stay one slice) or between
     them (they are gathered by index), with decodes after; the torch path must agree."""
-    from izh_trio.engine import attention
-    from izh_trio.engine.attention import ChunkSpec, StepAttention, build_metadata, paged_attention
+    from izh_trio.engine.attention import TORCH_BACKEND, ChunkSpec, StepAttention, cpu_kernel
 
     g = torch.Generator().manual_seed(5)
     bs, h_q, h_kv, d = 4, 4, 2, 16
     k_cache = torch.randn(96, bs, h_kv, d, generator=g)
     v_cache = torch.randn(96, bs, h_kv, d, generator=g)
-    monkeypatch.setattr(attention, "IN_PLACE_PREFILL_WORK", 40 * 40)
+    monkeypatch.setattr(cpu_kernel, "IN_PLACE_PREFILL_WORK", 40 * 40)
     fresh, cached, big = (5, 5), (3, 22), (44, 44)  # (query_len, context_len)
     layout = [big, fresh, cached] if order == "kernel_chunks_last" else [fresh, big, cached]
     prefills, row = [], 0
@@ -220,13 +221,12 @@ def test_prefill_chunks_in_place_match_the_torch_path(monkeypatch: pytest.Monkey
             blk = c.block_table[pos // bs]
             k[c.query_start + i] = k_cache[blk, pos % bs]
             v[c.query_start + i] = v_cache[blk, pos % bs]
-    fast = build_metadata(step, torch.device("cpu"), h_kv)
-    assert fast.in_place and [c.in_place for c in fast.prefills] == [
-        c.query_len * c.context_len <= 40 * 40 for c in prefills]
-    assert (fast.in_place_rows is None) == (order == "kernel_chunks_last")
-    in_place = paged_attention(q, k, v, k_cache, v_cache, fast, 0.25)
-    monkeypatch.setattr(cpu_attention, "_lib", False)
-    slow = build_metadata(step, torch.device("cpu"), h_kv)
-    assert not slow.in_place
-    torch.testing.assert_close(in_place, paged_attention(q, k, v, k_cache, v_cache, slow, 0.25),
+    cpu = torch.device("cpu")
+    fast = cpu_kernel.CPU_KERNEL_BACKEND.build_metadata(step, cpu, h_kv)
+    assert [c.query_start for c in fast.prefills] == [
+        c.query_start for c in prefills if c.query_len * c.context_len > 40 * 40]
+    assert (fast.rows is None) == (order == "kernel_chunks_last")
+    in_place = fast.paged_attention(q, k, v, k_cache, v_cache, 0.25)
+    slow = TORCH_BACKEND.build_metadata(step, cpu, h_kv)
+    torch.testing.assert_close(in_place, slow.paged_attention(q, k, v, k_cache, v_cache, 0.25),
                                atol=1e-5, rtol=1e-5)

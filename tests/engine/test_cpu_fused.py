@@ -1,7 +1,7 @@
 """The fused CPU elementwise kernels against the torch ops of the model they replace.
 
 The references are the model's own modules and functions (``qwen3.RMSNorm``, ``apply_rope``,
-``attention.store_kv``), so a change on either side shows here. The kernels round every
+``attention.torch_sdpa.store_kv``), so a change on either side shows here. The kernels round every
 product as torch does; only the order of a norm's sum of squares differs, hence the tight
 tolerance. The whole model on the kernels is checked against transformers by
 ``test_qwen3_vs_transformers.py``; here it is checked against the engine's own torch path.
@@ -15,8 +15,10 @@ import pytest
 import torch
 
 from izh_trio.engine import cpu_fused
-from izh_trio.engine.attention import store_kv
+from izh_trio.engine.attention import TORCH_BACKEND, StepAttention
+from izh_trio.engine.attention.torch_sdpa import store_kv
 from izh_trio.engine.loader import Qwen3Config
+from izh_trio.engine.models.layers import CpuRMSNorm
 from izh_trio.engine.models.qwen3 import Qwen3ForCausalLM, RMSNorm, RotaryEmbedding, apply_rope
 
 pytestmark = pytest.mark.skipif(not cpu_fused.available(),
@@ -135,15 +137,16 @@ def test_falls_back_to_torch(why: str, monkeypatch: pytest.MonkeyPatch) -> None:
         model = Qwen3ForCausalLM(cfg, max_positions=64)
     finally:
         torch.set_default_dtype(previous)
-    assert not model.fused
+    assert model.use_cpu_twins(TORCH_BACKEND) == 0
     layer = model.layers[0]
     norm = layer.post_attention_layernorm
     norm.weight.data = cast(w)
     attn = layer.self_attn
     attn.q_norm.weight.data, attn.k_norm.weight.data = cast(w), cast(w)
-    assert not norm.fused and not attn.fused
+    meta = TORCH_BACKEND.build_metadata(StepAttention(slots.tolist(), [], [], k_cache.shape[1]),
+                                        torch.device("cpu"), 2)
     got_qk = attn.norm_rope_store(cast(qkv), (cast(cos), cast(sin)),
-                                  (cast(k_cache), cast(v_cache)), slots)
+                                  (cast(k_cache), cast(v_cache)), meta)
     for got, want in [(norm(cast(x)), want_norm),
                       *zip(norm.add(cast(x), cast(res)), want_add, strict=True),
                       *zip(got_qk, want_qk, strict=True)]:
@@ -176,7 +179,7 @@ def test_engine_logits_same_with_and_without_kernels(tiny_dir: Path,
         monkeypatch.setattr(core.runner, "execute", recording)
         while core.has_work:
             core.step()
-        return core.runner.model.fused, logits
+        return any(isinstance(m, CpuRMSNorm) for m in core.runner.model.modules()), logits
 
     fused, with_kernels = run()
     assert fused

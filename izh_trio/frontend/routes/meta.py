@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
+from importlib import resources
 from typing import Any
 
 from quart import Blueprint, Response, current_app
@@ -14,8 +14,9 @@ from izh_trio.frontend.server import Server
 
 bp = Blueprint("meta", __name__)
 
-#: The served API's description, kept in the repository's top-level ``schemas/``.
-OPENAPI_PATH = Path(__file__).resolve().parents[3] / "schemas" / "openapi.json"
+#: The served API's description: package data (``izh_trio/schemas/``), so that a wheel serves
+#: it too; the checkout's top-level ``schemas`` is a link to that folder.
+OPENAPI_PATH = resources.files("izh_trio") / "schemas" / "openapi.json"
 
 
 def _server() -> Server:

@@ -23,8 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import check, check_cache, check_index, dot_precision, next_pow2
-from kernels._tile import attend_tile
+from izh_trio.kernels._common import check, check_cache, check_index, dot_precision, next_pow2
+from izh_trio.kernels._tile import attend_tile
 
 LOG2E = math.log2(math.e)
 

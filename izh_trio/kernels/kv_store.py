@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import check, check_cache, check_index, next_pow2
+from izh_trio.kernels._common import check, check_cache, check_index, next_pow2
 
 
 @triton.jit

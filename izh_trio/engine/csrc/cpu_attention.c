@@ -1,0 +1,248 @@
+/* Paged decode attention for fp32 on CPU, reading K/V in place: paged_decode.
+   Built and called by cpu_attention.py (its docstring tells the design). */
+#include <math.h>
+#include <stdint.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+#define INLINE static inline __attribute__((always_inline))
+#define LANES(k) ((k) >= 16 ? 0xFFFF : (1u << (k)) - 1)  /* the first k of 16 lanes */
+
+/* q, out: [B, HQ, D]; kc, vc: [NB, BS, HKV, D]; tables: [B, W]; ctx: [B]. A block of a
+   cache is contiguous (BS * HKV * D floats). Steps (*b, *blk) to the next block this call
+   reads; returns where it starts and sets *bytes to what it holds (0: past the last one). */
+static int64_t advance(int64_t *b, int64_t *blk, const int64_t *tables, const int64_t *ctx,
+                       int64_t B, int64_t W, int64_t BS, int64_t row, int64_t *bytes) {
+    *bytes = 0;
+    if (*b >= B) return 0;
+    if (++*blk * BS >= ctx[*b]) {
+        *blk = 0;
+        do { if (++*b >= B) return 0; } while (ctx[*b] <= 0);
+    }
+    *bytes = (ctx[*b] - *blk * BS < BS ? ctx[*b] - *blk * BS : BS) * row * 4;
+    return tables[*b * W + *blk] * BS * row;
+}
+
+INLINE void warm(const char *pk, const char *pv, int64_t from, int64_t to, int64_t end) {
+    for (int64_t o = from; o < to && o < end; o += 64) {
+        __builtin_prefetch(pk + o, 0, 2);
+        __builtin_prefetch(pv + o, 0, 2);
+    }
+}
+
+/* Per block, three steps on HN query heads, G of them to a KV head (rows of qs and acc are
+   NC * 16 floats, zero-padded past D; p holds bsr scores a head): scores, then for each
+   head an online-softmax step that turns them into weights and returns the old weights'
+   scale, then acc = acc * keep + weights @ V while the next block is warmed, `step` bytes
+   a row. Head h of the pass reads K and V at off[h] in a row. */
+#ifdef __AVX512F__
+#define SET1 _mm512_set1_ps
+#define ZERO _mm512_setzero_ps()
+#define MASK(c) ((c) < NC - 1 ? 0xFFFF : tail)  /* vector c of a row of D floats */
+#define TAIL const __mmask16 tail = LANES(D - 16 * (NC - 1))
+
+INLINE __m512 exp16(__m512 x) {  /* 2^n e^r, |r| <= ln2 / 2, degree-7 Taylor: ~1 ulp */
+    x = _mm512_max_ps(x, SET1(-100.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, SET1(1.44269504f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 r = _mm512_fnmadd_ps(n, SET1(-2.12194440e-4f),
+                                      _mm512_fnmadd_ps(n, SET1(0.693359375f), x));
+    const float c[] = {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f};
+    __m512 p = SET1(1.0f / 5040);
+    for (int i = 0; i < 7; i++) p = _mm512_fmadd_ps(p, r, SET1(c[i]));
+    return _mm512_scalef_ps(p, n);
+}
+
+INLINE __m512 dot(const float *k, const float *q, int NC, __mmask16 tail) {
+    __m512 a = _mm512_mul_ps(_mm512_load_ps(q), _mm512_maskz_loadu_ps(MASK(0), k));
+    for (int c = 1; c < NC; c++)
+        a = _mm512_fmadd_ps(_mm512_load_ps(q + 16 * c),
+                            _mm512_maskz_loadu_ps(MASK(c), k + 16 * c), a);
+    return a;
+}
+
+/* A transpose-and-add tree turns 16 tokens' lane-wise products into their 16 scores: fold2
+   leaves lanes alternating a, b; fold4 a, b, c, d in each 128 bits; two fold_lanes of four
+   fold4s give the sums in order: 3 shuffles and adds a token, not 8 dependent ones. */
+INLINE __m512 fold2(__m512 a, __m512 b) {
+    return _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+}
+INLINE __m512 fold4(__m512 a, __m512 b) {
+    const __m512d x = _mm512_castps_pd(a), y = _mm512_castps_pd(b);
+    return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+}
+INLINE __m512 fold_lanes(__m512 a, __m512 b) {
+    return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD));
+}
+
+INLINE void scores(const float *k, int64_t stride, int64_t n, const float *qs, float *p,
+                   int64_t bsr, const int HN, const int NC, int64_t D, const int64_t *off) {
+    TAIL;
+    for (int h0 = 0; h0 < HN; h0 += 8) {
+        const int hn = HN - h0 < 8 ? HN - h0 : 8;
+        const float *qh = qs + h0 * NC * 16;
+        for (int64_t j0 = 0; j0 < n; j0 += 16) {
+            __m512 u[8][4], t[8][2];
+            for (int i = 0; i < 8; i++) {
+                const int64_t j = j0 + 2 * i;
+                for (int h = 0; h < hn; h++) {
+                    const float *kh = k + j * stride + off[h0 + h], *qhh = qh + h * NC * 16;
+                    t[h][i & 1] = fold2(j < n ? dot(kh, qhh, NC, tail) : ZERO,
+                                        j + 1 < n ? dot(kh + stride, qhh, NC, tail) : ZERO);
+                }
+                for (int h = 0; i & 1 && h < hn; h++) u[h][i / 2] = fold4(t[h][0], t[h][1]);
+            }
+            for (int h = 0; h < hn; h++)
+                _mm512_store_ps(p + (h0 + h) * bsr + j0, fold_lanes(fold_lanes(u[h][0], u[h][1]),
+                                                                    fold_lanes(u[h][2], u[h][3])));
+        }
+    }
+}
+
+INLINE float softmax(float *p, int64_t n, float *m, float *l) {
+    __m512 mv = SET1(-INFINITY), sv = ZERO;
+    for (int64_t j0 = 0; j0 < n; j0 += 16)
+        mv = _mm512_mask_max_ps(mv, LANES(n - j0), mv, _mm512_load_ps(p + j0));
+    const float mx = fmaxf(*m, _mm512_reduce_max_ps(mv));
+    for (int64_t j0 = 0; j0 < n; j0 += 16) {
+        const __m512 e = _mm512_maskz_mov_ps(
+            LANES(n - j0), exp16(_mm512_sub_ps(_mm512_load_ps(p + j0), SET1(mx))));
+        _mm512_store_ps(p + j0, e);
+        sv = _mm512_add_ps(sv, e);
+    }
+    const float keep = _mm512_cvtss_f32(exp16(SET1(*m - mx)));
+    *l = *l * keep + _mm512_reduce_add_ps(sv), *m = mx;
+    return keep;
+}
+
+INLINE void accumulate(const float *v, int64_t stride, int64_t n, const float *p, int64_t bsr,
+                       const float *keep, float *acc, const char *pk, const char *pv,
+                       int64_t plen, int64_t step, const int HN, const int NC, int64_t D,
+                       const int64_t *off) {
+    /* Tiles of HT heads x CT vectors, at most 16 accumulators: in registers when there is
+       one tile and HN and NC are known. */
+    const int HT = HN < 16 ? HN : 16, CT = 16 / HT < NC ? 16 / HT : NC;
+    TAIL;
+#define TILE for (int c = c0; c < (c0 + CT < NC ? c0 + CT : NC); c++) \
+        for (int h = h0; h < (h0 + HT < HN ? h0 + HT : HN); h++)
+#define A a[(h - h0) * CT + c - c0]
+    for (int h0 = 0; h0 < HN; h0 += HT)
+        for (int c0 = 0; c0 < NC; c0 += CT) {
+            __m512 a[16];
+            TILE A = _mm512_mul_ps(_mm512_load_ps(acc + (h * NC + c) * 16), SET1(keep[h]));
+            for (int64_t j = 0; j < n; j++) {
+                __m512 x = ZERO;  /* a V vector, loaded once for the heads that share it */
+                if (h0 + c0 == 0) warm(pk, pv, j * step, (j + 1) * step, plen);
+                TILE {
+                    if (h == h0 || off[h] != off[h - 1])
+                        x = _mm512_maskz_loadu_ps(MASK(c), v + j * stride + off[h] + 16 * c);
+                    A = _mm512_fmadd_ps(SET1(p[h * bsr + j]), x, A);
+                }
+            }
+            TILE _mm512_store_ps(acc + (h * NC + c) * 16, A);
+        }
+}
+#else  /* portable: what the compiler makes of plain loops, and libm's expf */
+INLINE void scores(const float *k, int64_t stride, int64_t n, const float *qs, float *p,
+                   int64_t bsr, const int HN, const int NC, int64_t D, const int64_t *off) {
+    for (int64_t j = 0; j < n; j++)
+        for (int h = 0; h < HN; h++) {
+            const float *kh = k + j * stride + off[h];
+            float dot = 0.0f;
+            #pragma omp simd reduction(+:dot)
+            for (int64_t d = 0; d < D; d++) dot += qs[h * NC * 16 + d] * kh[d];
+            p[h * bsr + j] = dot;
+        }
+}
+
+INLINE float softmax(float *p, int64_t n, float *m, float *l) {
+    float mx = *m, sum = 0.0f;
+    for (int64_t j = 0; j < n; j++) mx = fmaxf(mx, p[j]);
+    for (int64_t j = 0; j < n; j++) sum += p[j] = expf(p[j] - mx);
+    const float keep = expf(*m - mx);
+    *l = *l * keep + sum, *m = mx;
+    return keep;
+}
+
+INLINE void accumulate(const float *v, int64_t stride, int64_t n, const float *p, int64_t bsr,
+                       const float *keep, float *acc, const char *pk, const char *pv,
+                       int64_t plen, int64_t step, const int HN, const int NC, int64_t D,
+                       const int64_t *off) {
+    for (int h = 0; h < HN; h++)
+        for (int64_t d = 0; d < D; d++) acc[h * NC * 16 + d] *= keep[h];
+    for (int64_t j = 0; j < n; j++) {
+        warm(pk, pv, j * step, (j + 1) * step, plen);
+        for (int h = 0; h < HN; h++) {
+            float *a = acc + h * NC * 16, w = p[h * bsr + j];
+            const float *x = v + j * stride + off[h];
+            #pragma omp simd
+            for (int64_t d = 0; d < D; d++) a[d] += w * x[d];
+        }
+    }
+}
+#endif
+
+INLINE void decode(const float *q, const float *kc, const float *vc, const int64_t *tables,
+                   const int64_t *ctx, float *out, int64_t B, int64_t HQ, int64_t HKV,
+                   int64_t D, int64_t BS, int64_t W, float scale, const int HN, const int G,
+                   const int NC) {
+    const int64_t bsr = (BS + 15) / 16 * 16, row = HKV * D;
+    float qs[HQ * NC * 16] __attribute__((aligned(64)));
+    float acc[HQ * NC * 16] __attribute__((aligned(64)));
+    float p[HN * bsr] __attribute__((aligned(64)));
+    float m[HQ], l[HQ], keep[HN];
+    int64_t off[HN];  /* where a pass's heads find their KV head in a row */
+    for (int h = 0; h < HN; h++) off[h] = h / G * D;
+    /* The next block goes to L2 a few lines per V row of this one: issued all at once at the
+       start of a block, the same prefetches did not help (measured on Zen 4). */
+    int64_t pb = 0, pblk = -1, bytes;
+    advance(&pb, &pblk, tables, ctx, B, W, BS, row, &bytes);  /* the first block read */
+    for (int64_t b = 0; b < B; b++) {
+        for (int64_t h = 0; h < HQ; h++) {
+            m[h] = -INFINITY, l[h] = 0.0f;
+            for (int64_t d = 0; d < NC * 16; d++) {
+                qs[h * NC * 16 + d] = d < D ? q[(b * HQ + h) * D + d] * scale : 0.0f;
+                acc[h * NC * 16 + d] = 0.0f;
+            }
+        }
+        for (int64_t blk = 0; blk * BS < ctx[b]; blk++) {
+            const int64_t n = ctx[b] - blk * BS < BS ? ctx[b] - blk * BS : BS;
+            const int64_t base = tables[b * W + blk] * BS * row;
+            const int64_t at = advance(&pb, &pblk, tables, ctx, B, W, BS, row, &bytes);
+            const int64_t step = ((bytes + 63) / 64 + HQ / HN * n - 1) / (HQ / HN * n) * 64;
+            for (int64_t h0 = 0, o = 0; h0 < HQ; h0 += HN, o += n * step) {
+                const int64_t kv = h0 / G * D;
+                scores(kc + base + kv, row, n, qs + h0 * NC * 16, p, bsr, HN, NC, D, off);
+                for (int h = 0; h < HN; h++)
+                    keep[h] = softmax(p + h * bsr, n, m + h0 + h, l + h0 + h);
+                accumulate(vc + base + kv, row, n, p, bsr, keep, acc + h0 * NC * 16,
+                           (const char *)(kc + at) + o, (const char *)(vc + at) + o, bytes - o,
+                           step, HN, NC, D, off);
+            }
+        }
+        for (int64_t h = 0; h < HQ; h++) {
+            const float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
+            for (int64_t d = 0; d < D; d++) out[(b * HQ + h) * D + d] = acc[h * NC * 16 + d] * inv;
+        }
+    }
+}
+
+void paged_decode(const float *q, const float *kc, const float *vc, const int64_t *tables,
+                  const int64_t *ctx, float *out, int64_t B, int64_t HQ, int64_t HKV,
+                  int64_t D, int64_t BS, int64_t W, float scale) {
+    /* Query heads go in passes of HN = T * G, the heads of T consecutive KV heads, so that
+       one pass reads T heads' share of each row: T the largest divisor of HKV whose pass
+       keeps its accumulators in registers (HN * NC <= 16). */
+    const int64_t G = HQ / HKV, NC = (D + 15) / 16;
+    int64_t T = 16 / (G * NC) > 1 ? 16 / (G * NC) : 1;
+    while (HKV % T) T--;
+#define CASE(hn, nc) else if (T * G == hn && NC == nc) \
+        decode(q, kc, vc, tables, ctx, out, B, HQ, HKV, D, BS, W, scale, hn, G, nc);
+    /* Two shapes get their own copy, loops unrolled and accumulators in registers: the
+       tiny checkpoint's (4 heads of 64, GQA 2) and GQA 2 at 128. Each costs 0.2-0.5 s of
+       compiling, paid at the first decode step of a fresh cache. */
+    if (0) {}
+    CASE(4, 4) CASE(2, 8)
+    else decode(q, kc, vc, tables, ctx, out, B, HQ, HKV, D, BS, W, scale, T * G, G, NC);
+}
