@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import torch
 
-from izh_trio.engine.attention_triton import TritonAttentionMetadata, decode_splits
+from izh_trio.engine.attention.triton import TritonDecodes, TritonMetadata, decode_splits
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ def capture_sizes(max_batch: int) -> list[int]:
 
 class DecodeGraphs:
     def __init__(
-        self, forward: Callable[[torch.Tensor, torch.Tensor, TritonAttentionMetadata],
+        self, forward: Callable[[torch.Tensor, torch.Tensor, TritonMetadata],
                                 torch.Tensor],
         *, max_batch: int, max_blocks_per_seq: int, max_context: int, num_kv_heads: int,
         device: torch.device, capture: bool = True,
@@ -53,13 +53,14 @@ class DecodeGraphs:
         self.context_lens = torch.zeros(n, dtype=torch.int32, device=device)
         self.block_tables = torch.zeros(n, max_blocks_per_seq, dtype=torch.int32, device=device)
         self._forward = forward
-        self._args: dict[int, tuple[torch.Tensor, torch.Tensor, TritonAttentionMetadata]] = {}
+        self._args: dict[int, tuple[torch.Tensor, torch.Tensor, TritonMetadata]] = {}
         for size in self.sizes:
-            meta = TritonAttentionMetadata(
+            meta = TritonMetadata(
                 slot_mapping=self.slots[:size], num_prefill_tokens=0,
-                decode_context_lens=self.context_lens[:size],
-                decode_block_tables=self.block_tables[:size],
-                num_splits=decode_splits(size, num_kv_heads, max_context, device),
+                decodes=TritonDecodes(
+                    context_lens=self.context_lens[:size],
+                    block_tables=self.block_tables[:size],
+                    num_splits=decode_splits(size, num_kv_heads, max_context, device)),
             )
             self._args[size] = (self.input_ids[:size], self.positions[:size], meta)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}

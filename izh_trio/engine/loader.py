@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import attrs
 import torch
@@ -43,10 +44,7 @@ class Qwen3Config:
 
     @classmethod
     def from_dir(cls, model_dir: Path) -> Qwen3Config:
-        path = model_dir / "config.json"
-        if not path.is_file():
-            raise CheckpointError(f"{model_dir} has no config.json")
-        raw = json.loads(path.read_text())
+        raw = config_json(model_dir)
         arch = (raw.get("architectures") or ["Qwen3ForCausalLM"])[0]
         if raw.get("model_type", "qwen3") != "qwen3":
             raise CheckpointError(f"model_type {raw.get('model_type')!r} is not qwen3")
@@ -77,6 +75,14 @@ class Qwen3Config:
             eos_token_ids=_eos_ids(model_dir, raw),
             architecture=arch,
         )
+
+
+def config_json(model_dir: Path) -> dict[str, Any]:
+    """The checkpoint's config.json, as parsed."""
+    path = model_dir / "config.json"
+    if not path.is_file():
+        raise CheckpointError(f"{model_dir} has no config.json")
+    return json.loads(path.read_text())
 
 
 def _eos_ids(model_dir: Path, config: dict) -> tuple[int, ...]:

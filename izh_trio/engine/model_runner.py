@@ -15,19 +15,11 @@ from pathlib import Path
 import attrs
 import torch
 
-from izh_trio.engine import cpu_argmax
-from izh_trio.engine.attention import (
-    ChunkSpec,
-    StepAttention,
-    get_backend,
-    in_place_ok,
-    long_tensor,
-)
+from izh_trio.engine import cpu_argmax, models
+from izh_trio.engine.attention import ChunkSpec, StepAttention, get_backend, long_tensor
 from izh_trio.engine.cpu_linear import pack_linears
-from izh_trio.engine.loader import Qwen3Config, iter_safetensors, resolve_dtype
+from izh_trio.engine.loader import iter_safetensors, resolve_dtype
 from izh_trio.engine.lora.manager import LoraManager, lora_enabled
-from izh_trio.engine.lora.weights import LoraStep
-from izh_trio.engine.models.qwen3 import Qwen3ForCausalLM
 from izh_trio.engine.scheduler import ScheduledSeq
 from izh_trio.engine.sequence import Sequence
 from izh_trio.wire import EngineConfig
@@ -55,13 +47,14 @@ class ModelRunner:
     def __init__(self, config: EngineConfig) -> None:
         model_dir = Path(config.model_dir)
         self.config = config
-        self.model_config = cfg = Qwen3Config.from_dir(model_dir)
+        self.model_config, model_class = models.resolve(model_dir)
+        cfg = self.model_config
         self.device = torch.device(config.device)
         if self.device.type == "cuda" and self.device.index is not None:
             torch.cuda.set_device(self.device)  # triton launches on the current device
         self.dtype = resolve_dtype(config.dtype, cfg.dtype)
         self.block_size = config.block_size
-        self.attention = get_backend(config.attention_backend, self.device)
+        self.attention = get_backend(config.attention_backend, self.device, self.dtype)
         wanted_len = config.max_model_len or cfg.max_position_embeddings
         if wanted_len > cfg.max_position_embeddings:  # RoPE was trained up to there, no further
             raise ValueError(f"max_model_len {wanted_len} is longer than the checkpoint's "
@@ -71,15 +64,16 @@ class ModelRunner:
         torch.set_default_dtype(self.dtype)
         try:
             with self.device:
-                self.model = Qwen3ForCausalLM(cfg, max_positions=wanted_len,
-                                              attention=self.attention)
+                self.model = model_class(cfg, max_positions=wanted_len)
         finally:
             torch.set_default_dtype(previous)
         self.model.load_weights(iter_safetensors(model_dir))
         self.model.eval()
-        if self.device.type == "cpu":
-            log.info("%d linear layers packed for oneDNN", pack_linears(self.model))
-        self.lora = (LoraManager(config, cfg, self.dtype, self.device)
+        if self.device.type == "cpu":  # once loaded: the modules swapped in take its weights
+            twins = self.model.use_cpu_twins(self.attention)
+            log.info("%d modules on compiled CPU kernels, %d linear layers packed for oneDNN",
+                     twins, pack_linears(self.model))
+        self.lora = (LoraManager(config, self.model, self.dtype, self.device)
                      if lora_enabled(config) else None)
 
         use_graphs = self._wants_cuda_graphs(config)
@@ -98,10 +92,9 @@ class ModelRunner:
                  "max_model_len %d", model_dir, self.dtype, self.device, self.attention.name,
                  self.num_blocks, config.block_size, self.max_model_len)
 
-        if self.device.type == "cpu":  # compile the CPU kernels now, not inside a step
-            cpu_argmax.available()  # the sampler's logits are fp32 whatever the model's dtype
-            if self.dtype == torch.float32:
-                in_place_ok()
+        if self.device.type == "cpu":  # compile now, not inside a step (attention's kernel
+            # was when its backend was chosen); the logits are fp32 in any model dtype
+            cpu_argmax.available()
         self.graphs = None
         if use_graphs:
             from izh_trio.engine.cuda_graphs import DecodeGraphs
@@ -232,9 +225,9 @@ class ModelRunner:
 
     def _forward(self, step: _StepInputs) -> torch.Tensor:
         att = step.attention
-        lora = (LoraStep.build(self.lora.weights, step.lora_spans, len(step.input_ids),
-                               self.device) if self.lora is not None else None)
-        if (self.graphs is not None and lora is None and not att.prefills
+        adapters = self.lora is not None and self.lora.weights.begin_step(
+            step.lora_spans, len(step.input_ids), self.device)
+        if (self.graphs is not None and not adapters and not att.prefills
                 and self.graphs.can_run(len(att.decodes))):
             return self.graphs.run(step.input_ids, step.positions, att.slots,
                                    [c.context_len for c in att.decodes],
@@ -243,7 +236,7 @@ class ModelRunner:
                                              self.model_config.num_key_value_heads)
         input_ids = long_tensor(step.input_ids, self.device)
         positions = long_tensor(step.positions, self.device)
-        return self.model(input_ids, positions, meta, self.kv_caches, lora)
+        return self.model(input_ids, positions, meta, self.kv_caches)
 
     @torch.inference_mode()
     def execute(self, batch: list[ScheduledSeq]) -> StepLogits:

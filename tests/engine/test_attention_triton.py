@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from izh_trio.engine.attention import TORCH_BACKEND, ChunkSpec, StepAttention, get_backend
+from izh_trio.engine.attention import (
+    TORCH_BACKEND,
+    ChunkSpec,
+    StepAttention,
+    cpu_kernel,
+    get_backend,
+)
 from izh_trio.engine.block_manager import BlockManager
 from izh_trio.engine.core import EngineCore
 from izh_trio.engine.cuda_graphs import DecodeGraphs, capture_sizes
@@ -24,10 +30,15 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def test_backend_selection() -> None:
-    assert get_backend("auto", torch.device("cpu")) is TORCH_BACKEND
-    assert get_backend("torch", torch.device("cuda")) is TORCH_BACKEND
-    assert get_backend("auto", torch.device("cuda")).name == "triton"
-    assert get_backend("triton", torch.device("cpu")).name == "triton"
+    cpu, cuda, fp32 = torch.device("cpu"), torch.device("cuda"), torch.float32
+    assert get_backend("auto", cpu, torch.bfloat16) is TORCH_BACKEND
+    assert get_backend("torch", cuda, fp32) is TORCH_BACKEND
+    assert get_backend("auto", cuda, fp32).name == "triton"
+    assert get_backend("triton", cpu, fp32).name == "triton"
+    # fp32 on CPU: the compiled kernel where it builds, else plain torch
+    assert get_backend("auto", cpu, fp32).name == ("cpu" if cpu_kernel.available() else "torch")
+    with pytest.raises(ValueError, match="unknown attention backend"):
+        get_backend("flash", cpu, fp32)
     with pytest.raises(ValueError, match="attention_backend"):
         EngineConfig(model_dir="x", attention_backend="flash")
     with pytest.raises(ValueError, match="cuda_graphs"):
@@ -38,7 +49,7 @@ def test_backend_selection() -> None:
 
 def test_mixed_step_matches_torch_backend() -> None:
     """Fresh prompt, prefix hit, one-token chunk and decodes in one step, same caches."""
-    triton_backend = get_backend("triton", DEVICE)
+    triton_backend = get_backend("triton", DEVICE, torch.float32)
     g = torch.Generator().manual_seed(0)
     bs, h_q, h_kv, d, num_blocks = 4, 4, 2, 32, 40
     # (query_len, context_len); query_len 1 past the prefills are the decodes.
@@ -60,8 +71,8 @@ def test_mixed_step_matches_torch_backend() -> None:
     for backend in (TORCH_BACKEND, triton_backend):
         k_cache, v_cache = cache.clone(), cache.clone() * 0.5
         meta = backend.build_metadata(step, DEVICE, h_kv)
-        backend.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        outs.append((backend.paged_attention(q, k, v, k_cache, v_cache, meta, d**-0.5),
+        meta.store_kv(k, v, k_cache, v_cache)
+        outs.append((meta.paged_attention(q, k, v, k_cache, v_cache, d**-0.5),
                      k_cache, v_cache))
     (want, wk, wv), (got, gk, gv) = outs
     assert torch.equal(wk, gk) and torch.equal(wv, gv)
@@ -81,7 +92,7 @@ def _logits_of_steps(tiny_dir: Path, backend: str, graphs: str = "off"
                                       attention_backend=backend, dtype="float32",
                                       device=str(DEVICE), cuda_graphs=graphs if graphs == "on"
                                       else "off"))
-    assert runner.attention.name == backend
+    assert (runner.attention.name == "triton") == (backend == "triton")
     if graphs == "eager":
         runner.graphs = DecodeGraphs(
             lambda ids, pos, meta: runner.model(ids, pos, meta, runner.kv_caches),

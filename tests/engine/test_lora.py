@@ -16,8 +16,9 @@ import torch
 from izh_trio.engine.block_manager import BlockManager
 from izh_trio.engine.core import EngineCore
 from izh_trio.engine.loader import Qwen3Config
-from izh_trio.engine.lora.adapter import LoraError, load_adapter, read_config
+from izh_trio.engine.lora.adapter import LoraError, LoraTargets, load_adapter, read_config
 from izh_trio.engine.model_runner import ModelRunner
+from izh_trio.engine.models.qwen3 import Qwen3ForCausalLM
 from izh_trio.engine.scheduler import ScheduledSeq
 from izh_trio.engine.sequence import Sequence
 from izh_trio.wire import (
@@ -241,7 +242,8 @@ def test_an_embedding_weight_is_refused(base: Path, adapters: dict[str, Path],
     weights["base_model.model.model.embed_tokens.lora_embedding_A"] = torch.zeros(4, 2000)
     save_file(weights, bad / "adapter_model.safetensors")
     with pytest.raises(LoraError, match=r"'emb'.*unsupported weight .*embed_tokens"):
-        load_adapter("emb", bad, Qwen3Config.from_dir(base), None, torch.float32)
+        targets = LoraTargets.of(Qwen3ForCausalLM, Qwen3Config.from_dir(base))
+        load_adapter("emb", bad, targets, None, torch.float32)
 
 
 # --- runtime updates ------------------------------------------------------------------------

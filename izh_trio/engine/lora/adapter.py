@@ -19,14 +19,31 @@ import torch
 from safetensors import safe_open
 
 from izh_trio.engine.loader import Qwen3Config
+from izh_trio.engine.models.base import CausalLM
 
-#: Sub-module -> (fused module it lives in, its index among that module's parts).
-SUBMODULES: dict[str, tuple[str, int]] = {
-    "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-    "o_proj": ("o_proj", 0),
-    "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
-    "down_proj": ("down_proj", 0),
-}
+
+@attrs.frozen
+class LoraTargets:
+    """The linears of a decoder layer an adapter may target, as the model family lays them
+    out (its ``decoder_linears`` and ``packed_modules``)."""
+
+    num_layers: int
+    #: Checkpoint name -> (in, out) features
+    shapes: dict[str, tuple[int, int]]
+    #: Each of our linears -> the checkpoint linears in its output columns, in order
+    parts: dict[str, tuple[str, ...]]
+    #: Checkpoint name -> (our linear it lives in, its index among that linear's parts)
+    owner: dict[str, tuple[str, int]]
+
+    @classmethod
+    def of(cls, model: type[CausalLM], cfg: Qwen3Config) -> LoraTargets:
+        shapes = model.decoder_linears(cfg)
+        packed = {part for parts in model.packed_modules.values() for part in parts}
+        parts = {**model.packed_modules, **{n: (n,) for n in shapes if n not in packed}}
+        owner = {name: (ours, i) for ours, names in parts.items()
+                 for i, name in enumerate(names)}
+        return cls(cfg.num_hidden_layers, shapes, parts, owner)
+
 
 #: adapter_config.json keys whose presence (any truthy value) we cannot honour.
 _UNSUPPORTED = {
@@ -61,18 +78,6 @@ class LoraAdapter:
     #: (layer, sub-module name) -> (A [r, in], B [out, r] with the scaling folded in), on CPU
     weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = attrs.field(repr=False)
 
-    @property
-    def fused_targets(self) -> frozenset[str]:
-        return frozenset(SUBMODULES[sub][0] for _, sub in self.weights)
-
-
-def module_shapes(cfg: Qwen3Config) -> dict[str, tuple[int, int]]:
-    """(in features, out features) of every LoRA-able sub-module."""
-    q, kv, h, i = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim, \
-        cfg.hidden_size, cfg.intermediate_size
-    return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
-            "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
-
 
 def read_config(name: str, path: Path) -> dict[str, Any]:
     """adapter_config.json, checked for what we serve; returns it with ``scaling`` added."""
@@ -95,12 +100,6 @@ def read_config(name: str, path: Path) -> dict[str, Any]:
             raise fail(f"{label} is not supported")
     if raw.get("bias", "none") != "none":
         raise fail(f"bias={raw['bias']!r} is not supported (only 'none')")
-    targets = raw.get("target_modules")
-    if isinstance(targets, list):
-        bad = sorted(set(targets) - set(SUBMODULES))
-        if bad:
-            what = "embedding targets are" if set(bad) & _EMBEDDINGS else "targets are"
-            raise fail(f"{what} not supported: {bad} (supported: {sorted(SUBMODULES)})")
     r, alpha = raw.get("r"), raw.get("lora_alpha", raw.get("r"))
     if type(r) is not int or r < 1 or not isinstance(alpha, int | float) or alpha <= 0:
         raise fail(f"r={r!r}, lora_alpha={alpha!r}: need a positive integer rank and alpha")
@@ -108,7 +107,7 @@ def read_config(name: str, path: Path) -> dict[str, Any]:
     return raw
 
 
-def load_adapter(name: str, path: str | Path, cfg: Qwen3Config, max_rank: int | None,
+def load_adapter(name: str, path: str | Path, targets: LoraTargets, max_rank: int | None,
                  dtype: torch.dtype) -> LoraAdapter:
     """Read and check one adapter against the model; weights on CPU in the model's dtype."""
     path = Path(path)
@@ -117,13 +116,18 @@ def load_adapter(name: str, path: str | Path, cfg: Qwen3Config, max_rank: int | 
     def fail(why: str) -> LoraError:
         return LoraError(f"LoRA adapter {name!r} ({path}): {why}")
 
+    names = config.get("target_modules")
+    if isinstance(names, list):
+        bad = sorted(set(names) - set(targets.shapes))
+        if bad:
+            what = "embedding targets are" if set(bad) & _EMBEDDINGS else "targets are"
+            raise fail(f"{what} not supported: {bad} (supported: {sorted(targets.shapes)})")
     rank, scaling = config["r"], config["scaling"]
     if max_rank is not None and rank > max_rank:
         raise fail(f"rank {rank} exceeds max_lora_rank {max_rank}")
     file = path / "adapter_model.safetensors"
     if not file.is_file():
         raise fail("no adapter_model.safetensors")
-    shapes = module_shapes(cfg)
     try:
         with safe_open(file, framework="pt") as f:
             tensors = {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118
@@ -132,12 +136,12 @@ def load_adapter(name: str, path: str | Path, cfg: Qwen3Config, max_rank: int | 
     halves: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for key, tensor in tensors.items():
         m = _WEIGHT.match(key)
-        if m is None or m[2] not in SUBMODULES:
+        if m is None or m[2] not in targets.shapes:
             raise fail(f"unsupported weight {key!r} (only LoRA A/B of "
-                       f"{', '.join(SUBMODULES)} in the decoder layers)")
+                       f"{', '.join(targets.shapes)} in the decoder layers)")
         layer, sub = int(m[1]), m[2]
-        if layer >= cfg.num_hidden_layers:
-            raise fail(f"{key}: the model has {cfg.num_hidden_layers} layers")
+        if layer >= targets.num_layers:
+            raise fail(f"{key}: the model has {targets.num_layers} layers")
         halves.setdefault((layer, sub), {})[m[3]] = tensor
     if not halves:
         raise fail("adapter_model.safetensors holds no LoRA weights")
@@ -146,7 +150,7 @@ def load_adapter(name: str, path: str | Path, cfg: Qwen3Config, max_rank: int | 
         if set(ab) != {"A", "B"}:
             raise fail(f"layer {layer} {sub} has lora_{''.join(ab)} without its pair")
         a, b = ab["A"], ab["B"]
-        fan_in, fan_out = shapes[sub]
+        fan_in, fan_out = targets.shapes[sub]
         if tuple(a.shape) != (rank, fan_in) or tuple(b.shape) != (fan_out, rank):
             raise fail(f"layer {layer} {sub}: A {tuple(a.shape)}, B {tuple(b.shape)}; expected "
                        f"A {(rank, fan_in)}, B {(fan_out, rank)} for rank {rank}")

@@ -12,10 +12,11 @@ import logging
 
 import torch
 
-from izh_trio.engine.loader import Qwen3Config
-from izh_trio.engine.lora.adapter import LoraAdapter, LoraError, load_adapter
+from izh_trio.engine.lora.adapter import LoraAdapter, LoraError, LoraTargets, load_adapter
+from izh_trio.engine.lora.linear import wrap_linears
 from izh_trio.engine.lora.slots import LoraSlots
 from izh_trio.engine.lora.weights import LoraWeights
+from izh_trio.engine.models.base import CausalLM
 from izh_trio.wire import EngineConfig
 
 log = logging.getLogger(__name__)
@@ -31,10 +32,11 @@ def lora_enabled(config: EngineConfig) -> bool:
 
 
 class LoraManager:
-    def __init__(self, config: EngineConfig, cfg: Qwen3Config, dtype: torch.dtype,
+    def __init__(self, config: EngineConfig, model: CausalLM, dtype: torch.dtype,
                  device: torch.device) -> None:
-        self.cfg, self.dtype = cfg, dtype
-        adapters = [load_adapter(name, path, cfg, config.max_lora_rank, dtype)
+        """Wraps ``model``'s linears that adapters may target (``lora/linear.py``)."""
+        self.targets, self.dtype = LoraTargets.of(type(model), model.config), dtype
+        adapters = [load_adapter(name, path, self.targets, config.max_lora_rank, dtype)
                     for name, path in config.lora_modules]
         ranks = [a.rank for a in adapters]
         if config.lora_runtime_updates or not ranks:
@@ -44,7 +46,8 @@ class LoraManager:
             num_slots = config.max_loras or DEFAULT_MAX_LORAS
         else:  # never more slots than adapters: the rest would only take memory
             num_slots = min(config.max_loras or DEFAULT_MAX_LORAS, max(1, len(adapters)))
-        self.weights = LoraWeights(cfg, num_slots, self.max_rank, dtype, device)
+        self.weights = LoraWeights(self.targets, num_slots, self.max_rank, dtype, device)
+        wrap_linears(model, self.weights)
         self.slots = LoraSlots(num_slots, self._write)
         self._ids: dict[str, int] = {}  # loaded name -> id
         self._adapters: dict[int, LoraAdapter] = {}  # id -> adapter, unloaded ones in use too
@@ -79,7 +82,7 @@ class LoraManager:
     # ------------------------------------------------------------------ runtime updates
     def load(self, name: str, path: str) -> None:
         """Load (or replace) adapter ``name``; a failure leaves everything as it was."""
-        adapter = load_adapter(name, path, self.cfg, self.max_rank, self.dtype)
+        adapter = load_adapter(name, path, self.targets, self.max_rank, self.dtype)
         if name in self._ids:
             self.unload(name)
         self._add(adapter)

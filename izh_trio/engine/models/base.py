@@ -1,0 +1,111 @@
+"""What a model family's file builds on: ``CausalLM``, the interface the model runner calls,
+with the weight loading and the load-time module swaps every family shares."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import ClassVar, TypeVar
+
+import torch
+from torch import nn
+
+from izh_trio.engine import cpu_fused
+from izh_trio.engine.attention import AttentionBackend, AttentionMetadata
+from izh_trio.engine.loader import CheckpointError, Qwen3Config
+
+M = TypeVar("M", bound=nn.Module)
+
+
+class CausalLM(nn.Module):
+    """A decoder-only LM with Hugging Face's parameter names under ``model.`` (``lm_head``
+    beside it). A family's subclass builds its modules, runs ``forward`` and
+    ``compute_logits``, and fills in the tables below."""
+
+    #: Our linear -> the checkpoint's linears stacked in its output columns, in that order:
+    #: their weights are concatenated at load, and a LoRA adapter's parts land in their
+    #: columns. The one place a family says how it packs its linears.
+    packed_modules: ClassVar[Mapping[str, tuple[str, ...]]] = {}
+    #: Module type -> a subclass running it on the compiled CPU kernels, overriding methods
+    #: only (same parameters and children): swapped in at load by ``use_cpu_twins``.
+    cpu_twins: ClassVar[Mapping[type[nn.Module], type[nn.Module]]] = {}
+
+    def __init__(self, cfg: Qwen3Config, max_positions: int) -> None:
+        """``max_positions``: the longest sequence it will run (rotary tables are sized so)."""
+        super().__init__()
+        self.config = cfg
+
+    @staticmethod
+    def decoder_linears(cfg: Qwen3Config) -> dict[str, tuple[int, int]]:
+        """(in, out) features of each linear of a decoder layer, by its checkpoint name: the
+        modules a LoRA adapter may target."""
+        raise NotImplementedError
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                meta: AttentionMetadata, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
+                ) -> torch.Tensor:
+        """Hidden states [T, hidden] of a step's flattened tokens."""
+        raise NotImplementedError
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits, fp32 for the sampler, of the rows that sample."""
+        raise NotImplementedError
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Map Hugging Face names onto this module, packing linears as they arrive."""
+        tied = self.config.tie_word_embeddings
+        params = dict(self.named_parameters())
+        part_of = {part: (packed, i) for packed, parts in self.packed_modules.items()
+                   for i, part in enumerate(parts)}
+        pending: dict[str, dict[int, torch.Tensor]] = {}
+        loaded: set[str] = set()
+        for hf_name, tensor in weights:
+            name = hf_name.removeprefix("model.")
+            if name == "lm_head.weight" and tied:
+                continue
+            parts = name.split(".")
+            if len(parts) >= 2 and parts[-2] in part_of:
+                packed, idx = part_of[parts[-2]]
+                target = ".".join([*parts[:-2], packed, parts[-1]])
+                group = pending.setdefault(target, {})
+                group[idx] = tensor
+                if len(group) < len(self.packed_modules[packed]):
+                    continue
+                tensor, name = torch.cat([group[i] for i in sorted(group)]), target
+                del pending[target]
+            if name not in params:
+                raise CheckpointError(f"unexpected weight {hf_name!r}")
+            param = params[name]
+            if param.shape != tensor.shape:
+                raise CheckpointError(f"{hf_name}: shape {tuple(tensor.shape)}, "
+                                      f"expected {tuple(param.shape)}")
+            with torch.no_grad():
+                param.copy_(tensor)
+            loaded.add(name)
+        missing = set(params) - loaded - ({"lm_head.weight"} if tied else set())
+        if missing or pending:
+            raise CheckpointError(f"checkpoint lacks weights: {sorted(missing | set(pending))}")
+
+    def use_cpu_twins(self, attention: AttentionBackend) -> int:
+        """Swap every module with a twin in ``cpu_twins`` for it where the kernels can run:
+        fp32 on CPU, the kernels built, and an attention backend whose KV store the twins may
+        do (they store K/V in the pass that norms and rotates it). Returns how many."""
+        weight = next(self.parameters())
+        if not (attention.plain_kv_store and weight.device.type == "cpu"
+                and weight.dtype == torch.float32 and cpu_fused.available()):
+            return 0
+        swapped = 0
+        for name, module in list(self.named_modules()):
+            twin = self.cpu_twins.get(type(module))
+            if twin is not None:
+                self.set_submodule(name, recast(module, twin), strict=True)
+                swapped += 1
+        return swapped
+
+
+def recast(module: nn.Module, cls: type[M]) -> M:
+    """A ``cls`` sharing ``module``'s parameters, buffers, children and settings: ``cls`` is a
+    subclass of ``module``'s type that only overrides methods, so nothing is copied."""
+    assert issubclass(cls, type(module)), f"{cls.__name__} is no {type(module).__name__}"
+    twin = cls.__new__(cls)
+    twin.__dict__.update(module.__dict__)
+    return twin
