@@ -1,7 +1,7 @@
 """Admission control: a cap on generations in flight, decided before any byte is sent.
 
 A ticket is held for the whole generation: a non-streamed route holds it in a ``with`` block; a
-streamed one hands it to the request's scope (``routes.common.open_streamed``), which returns
+streamed one hands it to the request's scope (``serving.pipeline``), which returns
 it when the HTTP request's ASGI call ends, even when quart never ran the body.
 """
 

@@ -16,8 +16,8 @@ from izh_trio.frontend.auth import OPEN_PATHS, authorized, bearer_token, key_byt
 from izh_trio.frontend.errors import APIError, error_body
 from izh_trio.frontend.request_scope import with_request_scope
 from izh_trio.frontend.routes import BLUEPRINTS
-from izh_trio.frontend.routes.common import REQUEST_ID_HEADER
 from izh_trio.frontend.server import Server, StartupError
+from izh_trio.frontend.serving.intake import REQUEST_ID_HEADER
 from izh_trio.frontend.settings import Settings
 
 log = logging.getLogger(__name__)

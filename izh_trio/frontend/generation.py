@@ -21,12 +21,12 @@ import attrs
 import trio
 
 from izh_trio.frontend import access_log
-from izh_trio.frontend.engine_client import EngineUnavailable
+from izh_trio.frontend.engine_client import EngineClient, EngineUnavailable
 from izh_trio.frontend.errors import APIError
 from izh_trio.frontend.metrics import Metrics
 from izh_trio.frontend.request_stream import EngineError, Notifier, RequestStream
-from izh_trio.frontend.server import Server
 from izh_trio.frontend.stop import StopChecker
+from izh_trio.frontend.tokenizer import ModelTokenizer
 from izh_trio.wire import SamplingParams, TokenLogprobs
 
 
@@ -35,6 +35,8 @@ class ChoiceSpec:
     index: int
     prompt_ids: list[int]
     params: SamplingParams
+    #: Which of the request's prompts this choice samples: usage counts each prompt once.
+    prompt_index: int = 0
     stop: tuple[str, ...] = ()
     include_stop_str: bool = False
     skip_special_tokens: bool = True
@@ -58,10 +60,11 @@ class ChoiceDelta:
 
 
 class _Choice:
-    def __init__(self, spec: ChoiceSpec, stream: RequestStream, server: Server) -> None:
+    def __init__(self, spec: ChoiceSpec, stream: RequestStream, tokenizer: ModelTokenizer
+                 ) -> None:
         self.spec = spec
         self.stream = stream
-        self.detok = server.tokenizer.detokenizer(spec.skip_special_tokens, spec.keep_special)
+        self.detok = tokenizer.detokenizer(spec.skip_special_tokens, spec.keep_special)
         self.stop = StopChecker(spec.stop, spec.include_stop_str)
         self.done = False
         self.reason: str | None = None
@@ -85,14 +88,14 @@ class _Choice:
         else:
             metrics.itl.observe(now - self.last)
         self.last = now
-        engine_done = delta.finish_reason is not None
+        finished = delta.finish_reason
         shown, stop_token = delta.token_ids, delta.stop_token_id
         if stop_token is not None and not self.spec.include_stop_str:
             shown = shown[:-1]  # the eos or stop token itself is not part of the text
-        final = engine_done or expiring
+        final = finished is not None or expiring
         text = self.detok.push(shown) + (self.detok.finish() if final else "")
         text = self.stop.push(text, final=final)
-        reason: str | None = (delta.finish_reason.value if engine_done
+        reason: str | None = (finished.value if finished is not None
                               else "length" if expiring else None)
         # Like vLLM: stop_reason names the request's own stop token, not the eos.
         stop_reason: str | int | None = (
@@ -115,9 +118,9 @@ class _Choice:
                            "length", None,
                            metrics, time.monotonic() - arrival)
 
-    def _delta(self, text: str, token_ids: list[int], logprobs: list | None,
-               prompt_logprobs: tuple | None, reason: str | None, stop_reason: str | int | None,
-               metrics: Metrics, elapsed: float) -> ChoiceDelta:
+    def _delta(self, text: str, token_ids: list[int], logprobs: list[TokenLogprobs] | None,
+               prompt_logprobs: tuple[TokenLogprobs, ...] | None, reason: str | None,
+               stop_reason: str | int | None, metrics: Metrics, elapsed: float) -> ChoiceDelta:
         first, self.started = not self.started, True
         if reason is not None:
             self.done, self.reason = True, reason
@@ -149,8 +152,8 @@ class Generation:
 
     def report(self) -> None:
         """Hand the access log this generation's totals, counted as usage counts them: a
-        prompt its ``n`` samples share (one list) once, with its first sample's cache hits."""
-        firsts = {id(c.spec.prompt_ids): c for c in reversed(self._choices)}.values()
+        prompt its ``n`` samples share once, with its first sample's cache hits."""
+        firsts = {c.spec.prompt_index: c for c in reversed(self._choices)}.values()
         access_log.note_generation(
             prompt_tokens=sum(c.counts[0] for c in firsts),
             completion_tokens=sum(c.counts[1] for c in self._choices),
@@ -197,15 +200,44 @@ class GenerationPlan:
     lora_name: str | None = None
 
 
+class Registry:
+    """The generations open now, so that a drain can fail whatever is left of them."""
+
+    def __init__(self) -> None:
+        self._open: set[Generation] = set()
+
+    def add(self, generation: Generation) -> None:
+        self._open.add(generation)
+
+    def discard(self, generation: Generation) -> None:
+        self._open.discard(generation)
+
+    def abort_all(self, reason: str) -> None:
+        for generation in list(self._open):
+            generation.abort(reason)
+
+
+@attrs.frozen
+class GenerationContext:
+    """What opening a generation needs of the server: taken when it is opened, since a
+    respawned engine core comes with a new client."""
+
+    client: EngineClient
+    tokenizer: ModelTokenizer
+    metrics: Metrics
+    registry: Registry
+
+
 @asynccontextmanager
-async def open_generation(server: Server, plan: GenerationPlan) -> AsyncIterator[Generation]:
+async def open_generation(context: GenerationContext, plan: GenerationPlan
+                          ) -> AsyncIterator[Generation]:
     notifier = Notifier()
     base = uuid.uuid4().hex
     async with AsyncExitStack() as stack:
         choices = []
         for spec in plan.specs:
             try:
-                stream = await stack.enter_async_context(server.client.open_stream(
+                stream = await stack.enter_async_context(context.client.open_stream(
                     f"{base}-{spec.index}", spec.prompt_ids, spec.params,
                     priority=plan.priority, cache_salt=plan.cache_salt,
                     lora_name=plan.lora_name, notifier=notifier))
@@ -213,10 +245,10 @@ async def open_generation(server: Server, plan: GenerationPlan) -> AsyncIterator
                 raise APIError(503, f"the engine is unavailable: {exc}") from None
             except ValueError as exc:
                 raise access_log.noted(APIError(400, str(exc))) from None
-            choices.append(_Choice(spec, stream, server))
-        generation = Generation(choices, notifier, server.metrics, plan.arrival,
+            choices.append(_Choice(spec, stream, context.tokenizer))
+        generation = Generation(choices, notifier, context.metrics, plan.arrival,
                                 plan.deadline)
-        server.generations.add(generation)
-        stack.callback(server.generations.discard, generation)
+        context.registry.add(generation)
+        stack.callback(context.registry.discard, generation)
         stack.callback(generation.report)
         yield generation

@@ -12,7 +12,6 @@ import enum
 import gc
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import trio
 
@@ -20,6 +19,7 @@ from izh_trio.frontend import heap
 from izh_trio.frontend.admission import Admission
 from izh_trio.frontend.engine_client import ClientState, EngineClient, EngineUnavailable
 from izh_trio.frontend.errors import innermost_message
+from izh_trio.frontend.generation import GenerationContext, Registry
 from izh_trio.frontend.grammar_pool import GrammarPool, WorkerSpec
 from izh_trio.frontend.limits import RateLimiter
 from izh_trio.frontend.metrics import Metrics
@@ -28,9 +28,6 @@ from izh_trio.frontend.prompt_size import PromptSize
 from izh_trio.frontend.settings import Settings
 from izh_trio.frontend.tokenizer import ModelTokenizer
 from izh_trio.wire import Ready, Stats
-
-if TYPE_CHECKING:
-    from izh_trio.frontend.generation import Generation
 
 log = logging.getLogger(__name__)
 
@@ -65,13 +62,13 @@ class Server:
         self.state = ServerState.CREATED
         self.model_dir: Path | None = None
         self.model_name = settings.served_model_name or ""
-        self.tokenizer: ModelTokenizer | None = None
+        self._tokenizer: ModelTokenizer | None = None
         self.client: EngineClient | None = None
         self.admission = Admission(settings.max_pending)
         self.metrics = Metrics(self._stats, self.healthy, lambda: self.admission.in_flight)
         self.limiter = RateLimiter(settings.rate_limit_tokens_per_minute)
         self.api_keys = settings.all_api_keys()
-        self.generations: set[Generation] = set()
+        self.generations = Registry()  # open now: the drain fails what is left of them
         #: LoRA adapters served now, name -> path as given; runtime updates change it.
         self.loras: dict[str, str] = dict(settings.lora_modules)
         self.lora_lock = trio.Lock()  # one runtime update at a time
@@ -102,7 +99,7 @@ class Server:
         if self.model_name in self.loras:
             raise ValueError(f"LoRA adapter name {self.model_name!r} is the served model's name")
         heap.map_big_buffers()  # before the tokenizer's and requests' big allocations
-        self.tokenizer = await trio.to_thread.run_sync(ModelTokenizer, self.model_dir)
+        self._tokenizer = await trio.to_thread.run_sync(ModelTokenizer, self.model_dir)
         self.prompt_size = await trio.to_thread.run_sync(PromptSize.of, self.tokenizer.tokenizer)
         await nursery.start(self._supervise)
         # Start-up objects (tokenizer, templates, imports) live as long as the server: keep
@@ -117,6 +114,7 @@ class Server:
 
     async def _supervise(self, *, task_status: trio.TaskStatus[None]) -> None:
         """Run the core; respawn it with backoff when it dies, up to ``max_engine_restarts``."""
+        assert self.model_dir is not None
         started = False
         failures = 0
         try:
@@ -163,8 +161,7 @@ class Server:
         with trio.move_on_after(timeout):
             while self.admission.in_flight:
                 await trio.sleep(0.05)
-        for generation in list(self.generations):
-            generation.abort("the server is shutting down")
+        self.generations.abort_all("the server is shutting down")
         with trio.move_on_after(2.0):  # let the aborted ones write their error events
             while self.admission.in_flight:
                 await trio.sleep(0.02)
@@ -178,9 +175,20 @@ class Server:
 
     # ------------------------------------------------------------------ views
     @property
+    def tokenizer(self) -> ModelTokenizer:
+        """The checkpoint's tokenizer, loaded before the server serves."""
+        assert self._tokenizer is not None
+        return self._tokenizer
+
+    @property
     def ready(self) -> Ready:
         assert self.client is not None and self.client.ready is not None
         return self.client.ready
+
+    def generation_context(self) -> GenerationContext:
+        """What a generation needs of the server, for one opened now."""
+        assert self.client is not None
+        return GenerationContext(self.client, self.tokenizer, self.metrics, self.generations)
 
     def _grammar_spec(self) -> WorkerSpec:
         """The engine's view of the vocabulary (``engine/guided.py``), for grammar workers."""

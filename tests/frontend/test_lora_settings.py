@@ -9,7 +9,7 @@ import pytest
 
 from izh_trio.cli import main
 from izh_trio.frontend.errors import APIError
-from izh_trio.frontend.routes.common import resolve_model, served_model
+from izh_trio.frontend.serving.intake import resolve_model, served_model
 from izh_trio.frontend.settings import Settings
 
 

@@ -15,9 +15,9 @@ from quart import Blueprint, Response, current_app, request
 
 from izh_trio.frontend.engine_client import EngineUnavailable
 from izh_trio.frontend.errors import APIError
-from izh_trio.frontend.routes.common import json_body, server_of
 from izh_trio.frontend.schemas import parse_body
 from izh_trio.frontend.server import Server
+from izh_trio.frontend.serving.intake import json_body, server_of
 from izh_trio.wire import LoadLora, UnloadLora
 
 bp = Blueprint("lora", __name__)

@@ -9,8 +9,8 @@ from quart import Blueprint, current_app, request
 
 from izh_trio.frontend.chat_prompt import chat_prompt_ids
 from izh_trio.frontend.errors import APIError
-from izh_trio.frontend.routes.common import json_body, served_model, server_of
 from izh_trio.frontend.schemas import parse_body
+from izh_trio.frontend.serving.intake import json_body, served_model, server_of
 
 bp = Blueprint("tokenize", __name__)
 

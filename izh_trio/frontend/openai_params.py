@@ -1,18 +1,11 @@
-"""Request fields to engine parameters, and engine results to OpenAI's response shapes."""
+"""OpenAI's request fields (completions and chat alike) to engine parameters, checked."""
 
 from __future__ import annotations
-
-from typing import Any
-
-from tokenizers import Tokenizer
 
 from izh_trio.frontend.errors import APIError
 from izh_trio.frontend.schemas import SamplingFields
 from izh_trio.frontend.server import Server
-from izh_trio.wire import SamplingParams, TokenLogprobs
-
-#: JSON has no -inf; like vLLM, report impossible tokens with a very low finite logprob.
-_FLOOR = -9999.0
+from izh_trio.wire import SamplingParams
 
 
 def check_prompt(server: Server, prompt_ids: list[int], *, max_tokens: int | None) -> None:
@@ -57,8 +50,10 @@ def request_salt(req: SamplingFields) -> str | None:
 def sampling_params(
     server: Server, req: SamplingFields, prompt_len: int, *, max_tokens: int | None,
     logprobs: int | None = None, prompt_logprobs: int | None = None, index: int = 0,
+    grammar: str | None = None,
 ) -> SamplingParams:
-    """Request values over the checkpoint's generation defaults; check the context fits."""
+    """Request values over the checkpoint's generation defaults; check the context fits.
+    ``grammar``: the output constraint's, checked (``serving.intake.checked_constraint``)."""
     limit = server.ready.max_model_len
     if max_tokens is None:
         max_tokens = limit - prompt_len
@@ -90,65 +85,5 @@ def sampling_params(
         logit_bias=req.logit_bias,
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
+        grammar=grammar,
     )
-
-
-def usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}
-
-
-class TokenText:
-    """Token ids as the text clients see in logprobs, decoded one id at a time (cached)."""
-
-    def __init__(self, tokenizer: Tokenizer) -> None:
-        self._tokenizer = tokenizer
-        self._cache: dict[int, str] = {}
-
-    def __call__(self, token_id: int) -> str:
-        text = self._cache.get(token_id)
-        if text is None:
-            text = self._cache[token_id] = self._tokenizer.decode([token_id],
-                                                                  skip_special_tokens=False)
-        return text
-
-
-def _lp(value: float) -> float:
-    return max(value, _FLOOR)
-
-
-def completion_logprobs(
-    text_of: TokenText, entries: list[TokenLogprobs | None], first_offset: int,
-    token_ids: list[int],
-) -> dict[str, Any]:
-    """OpenAI's legacy shape; ``None`` entries (the first prompt token) get null values."""
-    tokens, lps, tops, offsets = [], [], [], []
-    offset = first_offset
-    for token_id, entry in zip(token_ids, entries, strict=True):
-        text = text_of(token_id)
-        tokens.append(text)
-        offsets.append(offset)
-        offset += len(text)
-        if entry is None:
-            lps.append(None)
-            tops.append(None)
-            continue
-        lps.append(_lp(entry.logprob))
-        top = {text_of(t): _lp(lp) for t, lp in zip(entry.top_ids, entry.top_logprobs,
-                                                     strict=True)}
-        top.setdefault(text, _lp(entry.logprob))
-        tops.append(top)
-    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops,
-            "text_offset": offsets}
-
-
-def chat_logprobs(text_of: TokenText, entries: list[TokenLogprobs]) -> list[dict[str, Any]]:
-    def item(token_id: int, logprob: float) -> dict[str, Any]:
-        text = text_of(token_id)
-        return {"token": text, "logprob": _lp(logprob), "bytes": list(text.encode())}
-
-    return [{**item(e.token_id, e.logprob),
-             "top_logprobs": [item(t, lp) for t, lp in zip(e.top_ids, e.top_logprobs,
-                                                             strict=True)]}
-            for e in entries]

@@ -1,20 +1,19 @@
-"""Helpers every route needs: the server object, the JSON body, model and id checks."""
+"""Reading a generation request: the server that takes it, its body, the model and LoRA
+adapter it names, its id, its deadline and its output constraint."""
 
 from __future__ import annotations
 
 import math
+import time
 import uuid
-from collections.abc import Sequence
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import attrs
 import trio
-from quart import Quart, Request, current_app, g
+from quart import Quart, Request, current_app, g, request
 
-from izh_trio.frontend import heap, json_input, request_scope
-from izh_trio.frontend.admission import Ticket
+from izh_trio.frontend import heap, json_input
 from izh_trio.frontend.errors import APIError
-from izh_trio.frontend.generation import ChoiceSpec, Generation, GenerationPlan, open_generation
 from izh_trio.frontend.grammar_check import check_grammar
 from izh_trio.frontend.grammar_pool import (
     GrammarBusy,
@@ -23,9 +22,11 @@ from izh_trio.frontend.grammar_pool import (
     GrammarUnavailable,
 )
 from izh_trio.frontend.grammar_worker import Parsed
+from izh_trio.frontend.schemas import parse_body
 from izh_trio.frontend.server import Server, ServerState
 from izh_trio.frontend.structured import Constraint
-from izh_trio.wire import SamplingParams
+
+R = TypeVar("R")
 
 REQUEST_ID_HEADER = "X-Request-Id"
 TIMEOUT_HEADER = "X-Request-Timeout"
@@ -33,8 +34,23 @@ TIMEOUT_HEADER = "X-Request-Timeout"
 _BIG_BODY = 1 << 20
 
 
-#: Choices (prompts x n) one request may ask for.
-MAX_CHOICES = 64
+@attrs.frozen
+class Intake(Generic[R]):
+    """A generation request as read: the server serving it, when it came, its body."""
+
+    server: Server
+    arrival: float  # time.monotonic() when the route began
+    body: dict[str, Any]  # the JSON object, for fields its schema leaves raw
+    req: R  # the body parsed by the API's schema
+
+
+async def read_request(schema: type[R]) -> Intake[R]:
+    """The current request, read (its arrival first: the time to first token counts from
+    here), with its body parsed by ``schema`` (or a 400, or a 503 while not serving)."""
+    arrival = time.monotonic()
+    server = server_of(current_app)
+    body = await json_body(request)
+    return Intake(server, arrival, body, parse_body(schema, body))
 
 
 def server_of(app: Quart) -> Server:
@@ -46,58 +62,6 @@ def server_of(app: Quart) -> Server:
         raise APIError(503, f"the engine is unavailable ({failure or server.state.value})",
                        headers={"Retry-After": "1"})
     return server
-
-
-def deadline_of(request: Request, server: Server) -> float:
-    """The generation's deadline in trio time: X-Request-Timeout, else the server default."""
-    raw = request.headers.get(TIMEOUT_HEADER)
-    if raw is not None:
-        try:
-            timeout = float(raw)
-        except ValueError:
-            timeout = -1.0
-        if not 0 < timeout < 1e7:
-            raise APIError(400, f"{TIMEOUT_HEADER} must be a positive number of seconds",
-                           param=TIMEOUT_HEADER)
-    else:
-        timeout = server.settings.request_timeout or math.inf
-    return trio.current_time() + timeout
-
-
-def admit(server: Server, request: Request, specs: Sequence[ChoiceSpec]) -> Ticket:
-    """Check size, take an in-flight slot, then charge the key's budget (or 400/503/429).
-
-    The slot comes first so that a request turned away for capacity costs no budget.
-    """
-    if len(specs) > MAX_CHOICES:
-        raise APIError(400, f"at most {MAX_CHOICES} choices (prompts x n) per request",
-                       param="n")
-    cost = sum(len(s.prompt_ids) + s.params.max_tokens for s in specs)
-    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-    key = token.strip() if server.api_keys and scheme.lower() == "bearer" else (
-        request.remote_addr or "anonymous")
-    ticket = server.admission.admit()
-    try:
-        server.limiter.charge(key, cost)
-    except APIError:
-        ticket.release()
-        raise
-    return ticket
-
-
-async def open_streamed(server: Server, plan: GenerationPlan, ticket: Ticket) -> Generation:
-    """A streamed response's generation, opened now, in the route, and closed (aborting
-    whatever still runs) when the request ends: its requests reach the engine core before
-    quart starts the response (``request_scope``). The ticket is returned when the request
-    ends too, right after the generation closes, however it ends: the body finished or
-    failed, the client left, or the body never ran (a client gone before the status line
-    went out). A generation that cannot be opened is an ordinary error response."""
-    try:
-        request_scope.at_exit(ticket.release)
-    except RuntimeError:  # no request scope: an unwrapped app, a bug
-        ticket.release()
-        raise
-    return await request_scope.enter(open_generation(server, plan))
 
 
 async def json_body(request: Request) -> Any:
@@ -150,7 +114,7 @@ def resolve_model(server: Server, model: str | None, lora: str | None) -> tuple[
     ``model`` may name the base model or an adapter; the ``lora`` field names an adapter.
     Unknown names are 404s (model_not_found); two different adapters are a 400.
     """
-    adapter = served_model(server, model)
+    adapter: str | None = served_model(server, model)
     adapter = None if adapter == server.model_name else adapter
     if lora is not None:
         if lora not in server.loras:
@@ -164,11 +128,28 @@ def resolve_model(server: Server, model: str | None, lora: str | None) -> tuple[
 
 
 def request_id(request: Request, prefix: str) -> str:
-    """The client's X-Request-Id (echoed back on the response), or a fresh one."""
+    """The client's X-Request-Id (echoed back on the response), or a fresh one: ``prefix``
+    and 32 hex digits."""
     given = request.headers.get(REQUEST_ID_HEADER, "").strip()
-    rid = given[:256] if given else f"{prefix}-{uuid.uuid4().hex}"
+    rid = given[:256] if given else f"{prefix}{uuid.uuid4().hex}"
     g.request_id = rid
     return rid
+
+
+def deadline_of(request: Request, server: Server) -> float:
+    """The generation's deadline in trio time: X-Request-Timeout, else the server default."""
+    raw = request.headers.get(TIMEOUT_HEADER)
+    if raw is not None:
+        try:
+            timeout = float(raw)
+        except ValueError:
+            timeout = -1.0
+        if not 0 < timeout < 1e7:
+            raise APIError(400, f"{TIMEOUT_HEADER} must be a positive number of seconds",
+                           param=TIMEOUT_HEADER)
+    else:
+        timeout = server.settings.request_timeout or math.inf
+    return trio.current_time() + timeout
 
 
 async def checked_constraint(server: Server, constraint: Constraint | None
@@ -182,9 +163,3 @@ async def checked_constraint(server: Server, constraint: Constraint | None
     constraint = await server.offload.run(constraint.written, size=constraint.size)
     await check_grammar(server.grammars, constraint.grammar, constraint.param)
     return constraint
-
-
-def constrained(params: SamplingParams, constraint: Constraint | None) -> SamplingParams:
-    if constraint is None:
-        return params
-    return attrs.evolve(params, grammar=constraint.grammar)

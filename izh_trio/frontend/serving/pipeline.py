@@ -1,0 +1,140 @@
+"""The one serving pipeline: admit a translated request, open its generation, feed the
+deltas to the API's :class:`Output`, and answer: a JSON body, or server-sent events.
+
+A streamed answer's generation is opened here, in the route, so that its engine requests
+reach the core before quart starts the response, and it is entered into the request's exit
+stack (``request_scope``), so that it is closed (aborting whatever still runs) however the
+request ends, even when quart never runs the body. A stream that fails once its status line
+is out says so in-band (the API's :meth:`Output.failing`), and still ends as documented.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+from quart import Blueprint, Request, Response, request
+
+from izh_trio.frontend import access_log, request_scope, sse
+from izh_trio.frontend.admission import Ticket
+from izh_trio.frontend.errors import APIError
+from izh_trio.frontend.fingerprint import system_fingerprint
+from izh_trio.frontend.generation import ChoiceSpec, Generation, GenerationPlan, open_generation
+from izh_trio.frontend.server import Server
+from izh_trio.frontend.serving.api import Head, Job, Output
+from izh_trio.frontend.serving.intake import Intake, deadline_of, read_request, request_id
+
+R = TypeVar("R")
+
+log = logging.getLogger(__name__)
+
+#: Choices (prompts x n) one request may ask for.
+MAX_CHOICES = 64
+
+
+async def serve(schema: type[R], translate: Callable[[Intake[R]], Awaitable[Job]]
+                ) -> Response | dict[str, Any]:
+    """The current request's answer: its body read by ``schema``, translated into a
+    :class:`Job` by the API's ``translate``, run. Or an :class:`APIError` (400, 404, 429,
+    503...) raised before any byte is sent."""
+    intake = await read_request(schema)
+    job = await translate(intake)
+    server = intake.server
+    plan = GenerationPlan(job.specs, intake.arrival, job.priority, job.cache_salt,
+                          deadline_of(request, server), job.lora)
+    fingerprint = await system_fingerprint(server)  # (before the ticket: no await holds it)
+    ticket = admit(server, request, job.specs)
+    head = Head(request_id(request, job.id_prefix), int(time.time()), job.model, fingerprint)
+    output = job.output(head)
+    if job.stream:
+        generation = await _open_streamed(server, plan, ticket)
+        return Response(_events(generation, output), mimetype="text/event-stream",
+                        headers=sse.HEADERS)
+    with ticket:
+        async with open_generation(server.generation_context(), plan) as generation:
+            while deltas := await generation.next():
+                for delta in deltas:
+                    output.add(delta)
+    return output.body()
+
+
+def generation_route(name: str, path: str, schema: type[R],
+                     translate: Callable[[Intake[R]], Awaitable[Job]]) -> Blueprint:
+    """A blueprint serving ``POST path`` with this pipeline: an API's request schema and
+    translator are all a route is."""
+    bp = Blueprint(name, __name__)
+
+    async def route() -> Response | dict[str, Any]:
+        return await serve(schema, translate)
+
+    bp.add_url_rule(path, name, route, methods=["POST"])
+    return bp
+
+
+def admit(server: Server, request: Request, specs: Sequence[ChoiceSpec]) -> Ticket:
+    """Check size, take an in-flight slot, then charge the key's budget (or 400/503/429).
+
+    The slot comes first so that a request turned away for capacity costs no budget.
+    """
+    if len(specs) > MAX_CHOICES:
+        raise APIError(400, f"at most {MAX_CHOICES} choices (prompts x n) per request",
+                       param="n")
+    cost = sum(len(s.prompt_ids) + s.params.max_tokens for s in specs)
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    key = token.strip() if server.api_keys and scheme.lower() == "bearer" else (
+        request.remote_addr or "anonymous")
+    ticket = server.admission.admit()
+    try:
+        server.limiter.charge(key, cost)
+    except APIError:
+        ticket.release()
+        raise
+    return ticket
+
+
+async def _open_streamed(server: Server, plan: GenerationPlan, ticket: Ticket) -> Generation:
+    """A streamed response's generation, opened now, in the route, and closed (aborting
+    whatever still runs) when the request ends: its requests reach the engine core before
+    quart starts the response (``request_scope``). The ticket is returned when the request
+    ends too, right after the generation closes, however it ends: the body finished or
+    failed, the client left, or the body never ran (a client gone before the status line
+    went out). A generation that cannot be opened is an ordinary error response."""
+    try:
+        request_scope.at_exit(ticket.release)
+    except RuntimeError:  # no request scope: an unwrapped app, a bug
+        ticket.release()
+        raise
+    return await request_scope.enter(open_generation(server.generation_context(), plan))
+
+
+async def _events(generation: Generation, output: Output) -> AsyncIterator[bytes]:
+    """The stream's body: the events of each wake-up of the generation in one write; the
+    last ones with the closing events, in one write too."""
+    pending: list[bytes] = []
+    try:
+        output.opening(pending)
+        if pending:
+            yield b"".join(pending)
+            pending.clear()
+        while deltas := await generation.next():
+            for delta in deltas:
+                output.stream(delta, pending)
+            if pending and not generation.finished:  # the last ones go out with the end
+                yield b"".join(pending)
+                pending.clear()
+        output.closing(pending)
+    except APIError as exc:  # the status line is gone: report in-band, then end the stream
+        output.failing(exc, pending)
+    except Exception as exc:  # a bug, reported in-band too: the stream still ends as documented
+        output.failing(unexpected(exc), pending)
+    yield b"".join(pending)
+
+
+def unexpected(exc: Exception) -> APIError:
+    """The error for a bug met after the status line went out: logged with its traceback
+    and said as the app says one before it (a 500), so that the stream still ends as
+    documented rather than cut off mid-body."""
+    log.error("unhandled error in a stream", exc_info=exc)
+    return access_log.noted(APIError(500, f"internal server error ({type(exc).__name__})"))
