@@ -10,6 +10,14 @@ import pytest
 
 from izh_trio.tiny import make_tiny_checkpoint
 
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "timing: acts on requests while they run, or bounds how long something "
+        "takes; written to pass on a machine of any speed (paced engine, waits for states), "
+        "and run by .ci/run pinned to one core and with every core busy")
+
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
 
 

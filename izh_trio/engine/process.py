@@ -27,6 +27,7 @@ import os
 import queue
 import signal
 import threading
+import time
 import traceback
 from collections.abc import MutableMapping
 
@@ -80,11 +81,10 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 def keep_freed_memory() -> bool:
     """Let glibc keep the step's activations' memory between steps instead of handing it
     back to the kernel: by default a tensor over 128 KiB is a fresh ``mmap`` (and ``brk``
-    trims the heap's top), so every step page-faults its activations in again. On this VM a
-    32-prompt prefill step went from ~45 to ~40 ms (SiLU and its product, which touch fresh
-    outputs, halved). Blocks up to 32 MiB (glibc's ceiling) come from the heap, which is
-    never trimmed below 1 GiB; the engine's memory then stays at its peak, as a server's
-    does anyway. No-op where the C library is not glibc."""
+    trims the heap's top), so every step page-faults its activations in again
+    (``tools/bench/results/cpu-kernels.md``). Blocks up to 32 MiB (glibc's ceiling) come from the
+    heap, which is never trimmed below 1 GiB; the engine's memory then stays at its peak, as a
+    server's does anyway. No-op where the C library is not glibc."""
     libc_name = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(libc_name) if libc_name else None
@@ -97,19 +97,25 @@ def keep_freed_memory() -> bool:
                                                                          1 << 30))
 
 
-#: libgomp spin-waits this many ``pause`` loops for more work before it sleeps (~0.5 ms here)
+#: Test-only: seconds to pause after each step while work remains, so that a test's long
+#: request is still running when the test acts on it, however fast the machine (the e2e tests'
+#: ``PACED``). Unset, as it always is when serving: no pause and no cost.
+TEST_STEP_DELAY_ENV = "IZH_TEST_STEP_DELAY"
+
+
+#: libgomp spin-waits this many ``pause`` loops for more work before it sleeps (well under a
+#: millisecond, where its default spins for several)
 OPENMP_SPIN_COUNT = "2000"
 
 
 def stop_idle_openmp_spinning(environ: MutableMapping[str, str] = os.environ) -> bool:
-    """Make torch's idle OpenMP threads sleep ~0.5 ms after a parallel region, not ~10 ms.
+    """Make torch's idle OpenMP threads sleep soon after a parallel region, not spin on.
 
-    libgomp's default keeps a worker spinning for ~10 ms after every parallel region in case
-    another follows. Within a step one does, microseconds later; after a two-thread step it
-    does not, and the spinning worker holds the core the HTTP process and the client need:
-    in a burst of 32-token prompts the worker burnt 1.4-1.6 s of CPU against 0.4-0.5 s of
-    real work. Must run before torch loads libgomp (it reads the variable once); a user's own
-    ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` wins."""
+    libgomp's default keeps a worker spinning for milliseconds after every parallel region in
+    case another follows. Within a step one does, microseconds later; after a two-thread step
+    it does not, and the spinning worker holds the core the HTTP process and the client need
+    (``tools/bench/results/cpu-kernels.md``). Must run before torch loads libgomp (it reads
+    the variable once); a user's own ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` wins."""
     if "OMP_WAIT_POLICY" in environ or "GOMP_SPINCOUNT" in environ:
         return False
     environ["GOMP_SPINCOUNT"] = OPENMP_SPIN_COUNT
@@ -139,6 +145,10 @@ def serve(config: EngineConfig, in_fd: int, out_fd: int) -> int:
     gc.collect()
     gc.freeze()  # the model and its modules: never walked by a collection again
     out.send([core.ready()])
+    step_delay = max(0.0, float(os.environ.get(TEST_STEP_DELAY_ENV) or 0.0))
+    if step_delay:
+        log.warning("%s=%g: every step is followed by a pause (for tests only)",
+                    TEST_STEP_DELAY_ENV, step_delay)
 
     while True:
         msgs = [inbox.get()] if not core.has_work else []
@@ -179,6 +189,8 @@ def serve(config: EngineConfig, in_fd: int, out_fd: int) -> int:
             replies.append(core.stats())
         if replies:
             out.send(replies)
+        if step_delay and core.has_work:
+            time.sleep(step_delay)  # messages that arrive meanwhile are read next iteration
 
 
 def main(argv: list[str] | None = None) -> int:

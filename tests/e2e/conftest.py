@@ -1,4 +1,13 @@
-"""Real servers for end-to-end tests: separate processes on 127.0.0.1, torn down after."""
+"""Real servers for end-to-end tests: separate processes on 127.0.0.1, torn down after.
+
+No test here may assume how fast the machine generates. A test that acts on a request while
+it runs (cancels it, drains it, preempts it, fills a slot with it) runs a *paced* engine
+(``PACED``: the engine pauses ``STEP_DELAY`` after each step, a test-only setting), so that a
+request of N tokens runs for at least N x ``STEP_DELAY`` however fast the machine is, and it
+waits for states (``wait_for_metrics``, a line in a log, an event), never for a fixed time;
+a slower machine only makes it wait longer. Deadlines on those waits are generous bounds
+against a hang, not measurements.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -60,6 +69,17 @@ def running_server(
                     proc.wait()
 
 
+#: The paced engine's pause after each step (``IZH_TEST_STEP_DELAY``, engine/process.py): a
+#: sequence makes at most 100 tokens a second, so 1,800 tokens take 18 s or more anywhere.
+STEP_DELAY = 0.01
+PACED = {"IZH_TEST_STEP_DELAY": str(STEP_DELAY)}
+
+RUNNING = "izh:num_requests_running"
+WAITING = "izh:num_requests_waiting"
+IN_FLIGHT = "izh:num_requests_in_flight"
+KV_USAGE = "izh:kv_cache_usage_perc"
+
+
 def serve_args(model_dir: Path | None, port: int, *extra: str) -> list[str]:
     args = [sys.executable, "-m", "izh_trio", "serve", "--port", str(port)]
     if model_dir is not None:
@@ -74,6 +94,17 @@ def server(hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[s
     log = tmp_path_factory.mktemp("logs") / "server.log"
     with running_server(serve_args(hf_dir, port, "--served-model-name", "qwen3-test"), log,
                         port=port) as (base, _proc):
+        yield base
+
+
+@pytest.fixture(scope="session")
+def paced_server(hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Like ``server``, with a paced engine: for tests that act on a request while it runs.
+    (A small KV cache: it lives as long as the session, beside ``server``.)"""
+    port = free_port()
+    log = tmp_path_factory.mktemp("logs") / "paced-server.log"
+    args = serve_args(hf_dir, port, "--served-model-name", "qwen3-test", "--kv-cache-gib", "0.25")
+    with running_server(args, log, port=port, env=PACED) as (base, _proc):
         yield base
 
 
@@ -101,3 +132,23 @@ def scrape(base: str) -> dict[str, float]:
             name, _, value = line.rpartition(" ")
             out[name] = float(value)
     return out
+
+
+def wait_for_metrics(base: str, ready: Callable[[dict[str, float]], bool], *,
+                     within: float = 30.0, what: str = "the state") -> dict[str, float]:
+    """Scrape ``/metrics`` until ``ready`` holds; the last scrape. ``within`` only bounds a
+    hang: a slow machine gets there later, and this waits for it."""
+    deadline = time.monotonic() + within
+    while True:
+        metrics = scrape(base)
+        if ready(metrics):
+            return metrics
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} was not reached within {within} s: "
+                                 f"{ {k: v for k, v in metrics.items() if k.startswith('izh:')} }")
+        time.sleep(0.01)
+
+
+def idle(metrics: dict[str, float]) -> bool:
+    """Nothing running, waiting, in flight (admission tickets too) or held in the KV cache."""
+    return all(metrics[name] == 0 for name in (RUNNING, WAITING, IN_FLIGHT, KV_USAGE))

@@ -1,6 +1,8 @@
 """The access log, read from real servers' logs: one line per request, in text or JSON.
 
-Every wait is for a state (a line in the log, polled up to a deadline), never a fixed sleep.
+Every wait is for a state (a line in the log, polled up to a deadline), never a fixed sleep,
+and the servers whose long stream must still be running when the client leaves, or when the
+engine is killed, run a paced engine (``PACED``: 1,800 tokens take 18 s or more anywhere).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.conftest import engine_pid, free_port, running_server, serve_args
+from tests.e2e.conftest import PACED, engine_pid, free_port, running_server, serve_args
 
 #: In every prompt and bad body sent here; it must never reach the log.
 MARKER = f"zqx-marker-{uuid.uuid4().hex}"
@@ -155,12 +157,13 @@ def _check_requests(base: str, log: Path, fmt: str) -> None:
         assert (f["path"], f["status"], f["ttft"]) == ("/health", 200, None)
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("fmt", ["text", "json"])
 def test_one_line_per_request(hf_dir: Path, tmp_path: Path, fmt: str) -> None:
     port = free_port()
     log = tmp_path / "server.log"
     args = serve_args(hf_dir, port, *(["--log-format", fmt] if fmt == "json" else []))
-    with running_server(args, log, port=port) as (base, _):
+    with running_server(args, log, port=port, env=PACED) as (base, _):
         _check_requests(base, log, fmt)
     text = log.read_text()  # the server has stopped: its drain is logged too
     assert MARKER not in text
@@ -176,13 +179,15 @@ def test_one_line_per_request(hf_dir: Path, tmp_path: Path, fmt: str) -> None:
         assert re.search(r" izh_trio\.frontend\.server INFO draining: ", text)
 
 
+@pytest.mark.timing
 def test_engine_failures_are_logged_with_their_cause(hf_dir: Path, tmp_path: Path) -> None:
     """A stream the engine fails after it began (an in-band error under a 200), then a 503
     while the engine is down, and /health's 503: each logged with its cause."""
     port = free_port()
     log = tmp_path / "server.log"
     args = serve_args(hf_dir, port, "--max-engine-restarts", "0")  # stays down: no race
-    with running_server(args, log, port=port) as (base, proc), httpx.Client(timeout=60) as c:
+    with running_server(args, log, port=port, env=PACED) as (base, proc), \
+            httpx.Client(timeout=60) as c:
         child = engine_pid(proc.pid)
         with c.stream("POST", base + "/v1/completions", json=LONG,
                       headers={"X-Request-Id": "doomed"}) as s:

@@ -2,7 +2,9 @@
 
 Runs when nginx is installed (.ci/run installs it). No request may be lost: requests in flight
 on the draining replica finish there, and new ones are turned away with a 503 that nginx
-retries on the other replica.
+retries on the other replica. The replicas are paced (``PACED``: each request's 60 tokens
+take 0.6 s or more) and the drain starts once both serve requests, a state, so it lands
+mid-traffic on a machine of any speed.
 """
 
 from __future__ import annotations
@@ -19,13 +21,21 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.conftest import free_port, running_server, serve_args
+from tests.e2e.conftest import (
+    PACED,
+    RUNNING,
+    free_port,
+    running_server,
+    serve_args,
+    wait_for_metrics,
+)
 
 DEPLOY = Path(__file__).resolve().parents[2] / "tools" / "deploy"
 NGINX = shutil.which("nginx") or next(
     (p for p in ("/usr/sbin/nginx", "/sbin/nginx") if Path(p).exists()), None)
 
-pytestmark = pytest.mark.skipif(NGINX is None, reason="nginx is not installed")
+pytestmark = [pytest.mark.timing,
+              pytest.mark.skipif(NGINX is None, reason="nginx is not installed")]
 
 
 def _nginx_conf(tmp: Path, front: int, a: int, b: int) -> Path:
@@ -57,8 +67,10 @@ def test_draining_one_replica_loses_no_request(hf_dir: Path, tmp_path: Path) -> 
     a, b, front = free_port(), free_port(), free_port()
     with ExitStack() as stack:
         ra = stack.enter_context(running_server(
-            serve_args(hf_dir, a, "--drain-timeout", "30"), tmp_path / "a.log", port=a))
-        stack.enter_context(running_server(serve_args(hf_dir, b), tmp_path / "b.log", port=b))
+            serve_args(hf_dir, a, "--drain-timeout", "30"), tmp_path / "a.log", port=a,
+            env=PACED))
+        stack.enter_context(running_server(serve_args(hf_dir, b), tmp_path / "b.log", port=b,
+                                           env=PACED))
         conf = _nginx_conf(tmp_path, front, a, b)
         out = stack.enter_context(open(tmp_path / "nginx.out", "wb"))
         nginx = subprocess.Popen([NGINX, "-c", str(conf), "-p", str(tmp_path)],
@@ -66,7 +78,7 @@ def test_draining_one_replica_loses_no_request(hf_dir: Path, tmp_path: Path) -> 
         stack.callback(nginx.wait, 10)
         stack.callback(nginx.terminate)
         base = f"http://127.0.0.1:{front}"
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30
         while True:
             try:
                 if httpx.get(base + "/health", timeout=1).status_code == 200:
@@ -94,10 +106,17 @@ def test_draining_one_replica_loses_no_request(hf_dir: Path, tmp_path: Path) -> 
 
         with ThreadPoolExecutor(8) as pool:
             futures = [pool.submit(one, i) for i in range(48)]
-            time.sleep(1.0)  # traffic is flowing through both replicas
-            ra[1].send_signal(signal.SIGTERM)
+            for replica in (a, b):  # traffic is flowing through both replicas
+                wait_for_metrics(f"http://127.0.0.1:{replica}", lambda m: m[RUNNING] >= 1,
+                                 what=f"requests running on :{replica}")
+            ra[1].send_signal(signal.SIGTERM)  # paced: 6 waves of 0.6 s or more still to go
             results = [f.result() for f in futures]
         assert all(status == 200 and reason == "length" for status, reason, _ in results)
         assert ra[1].wait(timeout=40) == 0
-        log = (tmp_path / "access.log").read_text()
-        assert log.count("POST /v1/completions") == 48
+        # nginx writes a request's log line after its response went out: wait for the 48th
+        # (one line a request: none was retried on the other replica)
+        deadline = time.monotonic() + 30
+        while (count := (tmp_path / "access.log").read_text().count("POST /v1/completions")) \
+                < 48 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert count == 48

@@ -9,7 +9,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.conftest import free_port, running_server, serve_args
+from tests.e2e.conftest import PACED, free_port, running_server, serve_args
+
+pytestmark = pytest.mark.timing
 
 INTERVAL = 4
 
@@ -18,8 +20,9 @@ INTERVAL = 4
 def interval_server(hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     log = tmp_path_factory.mktemp("logs") / "interval.log"
+    # Paced (1,900 tokens take 19 s or more): the deadline below always cuts the stream.
     with running_server(serve_args(hf_dir, port, "--stream-interval", str(INTERVAL)), log,
-                        port=port) as (base, _proc):
+                        port=port, env=PACED) as (base, _proc):
         yield base
 
 
@@ -48,7 +51,7 @@ def test_a_deadline_shows_the_tokens_the_interval_held(interval_server: str) -> 
     chunks = _chunks(interval_server, {
         "prompt": [5, 6, 7], "max_tokens": 1900, "stream": True, "ignore_eos": True,
         "temperature": 0, "logprobs": 0, "stream_options": {"include_usage": True}},
-        {"X-Request-Timeout": "0.5"})
+        {"X-Request-Timeout": "1"})
     choices = [c["choices"][0] for c in chunks if c["choices"]]
     assert choices[-1]["finish_reason"] == "length"
     shown = sum(len(c["logprobs"]["tokens"]) for c in choices)

@@ -162,6 +162,7 @@ def test_size_of_counts_text_and_items_until_the_cap() -> None:
     assert INLINE_CHARS < size_of(huge) < 20_000_000  # counted, not walked item by item
 
 
+@pytest.mark.timing
 async def test_small_work_runs_inline_and_big_work_in_a_bounded_pool() -> None:
     offload = Offload()
     loop_thread = threading.get_ident()
@@ -169,15 +170,20 @@ async def test_small_work_runs_inline_and_big_work_in_a_bounded_pool() -> None:
     assert await offload.run(threading.get_ident, size=INLINE_CHARS + 1) != loop_thread
 
     running, most = 0, 0
-    lock = threading.Lock()
+    changed = threading.Condition()
 
     def work() -> None:
+        # Each job waits until the pool has run WORKER_THREADS at once (a state: a fixed
+        # pause would need the second thread to start within it), then lingers so that a
+        # pool with more threads would show more.
         nonlocal running, most
-        with lock:
+        with changed:
             running += 1
             most = max(most, running)
+            changed.notify_all()
+            changed.wait_for(lambda: most >= WORKER_THREADS, timeout=30)
         threading.Event().wait(0.02)
-        with lock:
+        with changed:
             running -= 1
 
     async with trio.open_nursery() as nursery:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 
 import hypothesis.strategies as st
 import pytest
@@ -80,15 +81,24 @@ def test_surrogate_pairs_are_text() -> None:
     assert loads(b'"\\ud83d\\ude00"') == "\U0001f600"
 
 
+def _best_of(runs: int, fn: Callable[[], object]) -> float:
+    """The shortest of ``runs`` timings: the run the machine's load disturbed least."""
+    best = float("inf")
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+@pytest.mark.timing
 def test_a_wide_body_is_checked_in_a_fraction_of_its_parse() -> None:
-    """A million small arrays: the depth check walks a level at a time, in C."""
+    """A million small arrays: the depth check walks a level at a time, in C. Compared with
+    the standard parser on the same machine, each at its best of three, so the machine's
+    speed cancels out and a busy neighbour cannot make one side look slow."""
     raw = b'{"prompt": [' + b"[1]," * 1_000_000 + b"[1]]}"
-    start = time.perf_counter()
-    json.loads(raw)
-    baseline = time.perf_counter() - start
-    start = time.perf_counter()
-    loads(raw)
-    assert time.perf_counter() - start < 3 * baseline + 0.5
+    baseline = _best_of(3, lambda: json.loads(raw))
+    assert _best_of(3, lambda: loads(raw)) < 3 * baseline + 0.5
 
 
 def test_hypercorns_own_errors_are_shaped() -> None:

@@ -8,6 +8,11 @@ in flight) and with no traceback in its log.
 
 from __future__ import annotations
 
+import array
+import fcntl
+import os
+import signal
+import termios
 import threading
 import time
 from collections.abc import Iterator
@@ -136,3 +141,32 @@ def openai_error(r: httpx.Response, status: int) -> dict:
     for leak in ("Traceback", "panicked at", "/rustc/", ".rs:", "stack backtrace"):
         assert leak not in error["message"], error["message"]
     return error
+
+
+def stop_process(pid: int, within: float = 30.0) -> None:
+    """SIGSTOP ``pid`` and wait until it is stopped: the signal is taken asynchronously, and a
+    process that has not stopped yet may still read what is sent to it meanwhile."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + within
+    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+        assert time.monotonic() < deadline, f"process {pid} did not stop"
+        time.sleep(0.005)
+
+
+def queued_bytes(fd: int) -> int:
+    """Bytes waiting in the pipe ``fd`` is an end of (FIONREAD; on Linux either end says)."""
+    count = array.array("i", [0])
+    fcntl.ioctl(fd, termios.FIONREAD, count)
+    return count[0]
+
+
+def job_pipe_bytes(worker: int) -> int:
+    """Bytes waiting in a grammar worker's job pipe (its ``--in-fd``), counted through the
+    pipe opened via /proc: none are taken."""
+    args = Path(f"/proc/{worker}/cmdline").read_bytes().split(b"\0")
+    fd = int(args[args.index(b"--in-fd") + 1])
+    pipe = os.open(f"/proc/{worker}/fd/{fd}", os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        return queued_bytes(pipe)
+    finally:
+        os.close(pipe)

@@ -78,12 +78,14 @@ def read_response(reader: BinaryIO) -> RawResponse:
 
 def exchange(base: str, data: bytes, answers: int) -> tuple[list[RawResponse], bool]:
     """Send ``data`` at once, read ``answers`` responses; and whether the server then closed
-    the connection (read within a second; False: it stayed open)."""
+    the connection. A close the last answer announces is waited for (up to ``TIMEOUT``, a
+    bound against a hang, so a slow machine still counts it); otherwise one second with
+    nothing read counts as open."""
     with connect(base) as sock:
         sock.sendall(data)
         reader = sock.makefile("rb")
         responses = [read_response(reader) for _ in range(answers)]
-        sock.settimeout(1.0)
+        sock.settimeout(TIMEOUT if responses and responses[-1].closes else 1.0)
         try:
             closed = reader.read(1) == b""
         except TimeoutError:

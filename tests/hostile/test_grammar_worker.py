@@ -1,7 +1,11 @@
 """The grammar workers, driven directly: a grammar that crashes llguidance (a stack overflow,
 past the bounds the routes check first) kills a worker and fails that job alone; a job over
 its time bound, or one whose request is cancelled, takes its worker down too; the next job
-gets a fresh one; a worker compiles as the engine does, and never imports torch."""
+gets a fresh one; a worker compiles as the engine does, and never imports torch.
+
+A job that must still be running when its bound or its cancellation comes is held by a
+stopped worker (SIGSTOP), not by a grammar slow to compile: no machine is fast enough to
+answer from a stopped process."""
 
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ from izh_trio.frontend.grammar_pool import (
     job_stack_bytes,
 )
 from izh_trio.frontend.structured import choice_grammar, json_schema_grammar
+from tests.hostile.conftest import queued_bytes, stop_process
 
 OK = choice_grammar(["yes", "no"], "x")
 
@@ -42,13 +47,6 @@ def ref_chain_grammar(n: int) -> str:
     defs: dict = {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(n)}
     defs[f"d{n}"] = {"type": "string"}
     return llguidance.LLMatcher.grammar_from_json_schema({"$ref": "#/$defs/d0", "$defs": defs})
-
-
-def slow_grammar() -> str:
-    """~2 s to compile here (6,000 optional properties: past the properties bound)."""
-    return llguidance.LLMatcher.grammar_from_json_schema(
-        {"type": "object", "properties": {f"property_{i}": {"type": "string"}
-                                          for i in range(6000)}})
 
 
 def alive(pid: int) -> bool:
@@ -77,29 +75,44 @@ async def test_a_crashing_grammar_fails_alone_and_a_fresh_worker_follows(
     assert crashes[0].exc_info is None
 
 
+@pytest.mark.timing
 async def test_a_job_over_its_time_bound_kills_its_worker(spec: WorkerSpec) -> None:
     pool = GrammarPool(lambda: spec, PoolSettings(job_timeout=0.2))
     try:
         assert await pool.check(OK) is None
         (worker,) = pool._idle
+        stop_process(worker.process.pid)  # it will never answer
         started = trio.current_time()
-        with pytest.raises(GrammarTimeout):
-            await pool.check(slow_grammar())
-        assert trio.current_time() - started < 1.5
+        with trio.fail_after(30), pytest.raises(GrammarTimeout):  # fail_after: against a hang
+            await pool.check(OK)
+        assert trio.current_time() - started >= 0.2  # the bound ended it, nothing sooner
         assert not alive(worker.process.pid)
         assert await pool.check(OK) is None
     finally:
         await pool.aclose()
 
 
+@pytest.mark.timing
 async def test_a_cancelled_job_kills_its_worker_and_leaves_no_process(spec: WorkerSpec
                                                                       ) -> None:
     pool = GrammarPool(lambda: spec)
     try:
         assert await pool.check(OK) is None
         (worker,) = pool._idle
-        with trio.move_on_after(0.1) as scope:
-            await pool.check(slow_grammar())
+        stop_process(worker.process.pid)  # it holds the job until the cancel
+        scope = trio.CancelScope()
+
+        async def job() -> None:
+            with scope:
+                await pool.check(OK)
+                raise AssertionError("a stopped worker answered")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(job)
+            with trio.fail_after(30):  # until the job is in the worker's pipe: a state
+                while not queued_bytes(worker.to_worker.fileno()):
+                    await trio.sleep(0.01)
+            scope.cancel()
         assert scope.cancelled_caught
         assert not alive(worker.process.pid) and not pool._idle
         assert await pool.check(OK) is None

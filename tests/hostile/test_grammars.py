@@ -18,7 +18,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.hostile.conftest import AUTH, MODEL, HostileServer, openai_error, watched
+from tests.hostile.conftest import (
+    AUTH,
+    MODEL,
+    HostileServer,
+    job_pipe_bytes,
+    openai_error,
+    stop_process,
+    watched,
+)
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -124,6 +132,7 @@ CASES = {
 }
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("case", list(CASES))
 def test_over_a_bound_is_a_400_naming_the_field(hostile_server: HostileServer,
                                                 case: str) -> None:
@@ -185,6 +194,7 @@ def _grammar_workers(server_pid: int) -> list[int]:
     return found
 
 
+@pytest.mark.timing
 def test_a_worker_that_dies_under_a_job_fails_that_request_only(
         hostile_server: HostileServer) -> None:
     """The worker is stopped with the job in its pipe, then dies of SIGSEGV (as a native
@@ -196,11 +206,14 @@ def test_a_worker_that_dies_under_a_job_fails_that_request_only(
         workers = _grammar_workers(hostile_server.pid)
         assert workers
         for pid in workers:
-            os.kill(pid, signal.SIGSTOP)
+            stop_process(pid)
         try:
             with ThreadPoolExecutor(1) as pool:
                 doomed = pool.submit(_post, hostile_server, {"guided_regex": "[a-z]{3}"})
-                time.sleep(0.5)  # the job is in the stopped worker's pipe
+                deadline = time.monotonic() + 30  # a state, not a delay: the job has
+                while not any(job_pipe_bytes(pid) for pid in workers):  # been sent
+                    assert time.monotonic() < deadline and not doomed.done()
+                    time.sleep(0.01)
                 assert not doomed.done()
                 plain = _post(hostile_server, {})  # no constraint: nothing to wait for
                 assert plain.status_code == 200, plain.text

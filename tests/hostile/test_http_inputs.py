@@ -295,6 +295,7 @@ MALFORMED = [
 ]
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize(("raw", "status"), MALFORMED)
 def test_requests_hypercorn_refuses_get_openai_errors(hostile_server: HostileServer,
                                                       raw: bytes, status: int) -> None:
