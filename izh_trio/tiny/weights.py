@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 from safetensors.numpy import save_file
 
-if TYPE_CHECKING:
-    from izh_trio.tiny.checkpoint import TinySpec
+from izh_trio.tiny.spec import TinySpec
 
 
 def weight_shapes(spec: TinySpec) -> dict[str, tuple[int, ...]]:
