@@ -12,84 +12,60 @@ from typing import Any
 
 import attrs
 import trio
+from attrs import validators as v
 
-from izh_trio.frontend.settings import Settings, parse_lora_module
+from izh_trio.frontend.setting_fields import add_flags, given_flags, setting
+from izh_trio.frontend.settings import Settings
+from izh_trio.tiny import TinySpec, make_tiny_checkpoint
 from izh_trio.wire import log_format
 
 
-def _lora_module(text: str) -> tuple[str, str]:
-    try:
-        return parse_lora_module(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+@attrs.frozen
+class ServeOptions:
+    """``izh-trio serve``'s own settings, beyond the app's (hypercorn's CLI has its own)."""
+
+    backlog: int = setting(2048, "listen backlog: a burst of new connections beyond it is "
+                           "reset", validator=v.ge(0))
 
 
-def _serve_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="serve the OpenAI API for a Qwen3 checkpoint")
-    d = Settings()
-    p.add_argument("--model-dir", type=Path, default=None,
-                   help="Hugging Face Qwen3 directory (default: the embedded tiny model)")
-    p.add_argument("--served-model-name", default=None)
-    p.add_argument("--host", default=d.host)
-    p.add_argument("--port", type=int, default=d.port)
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
-    p.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
-    p.add_argument("--block-size", type=int, default=d.block_size)
-    p.add_argument("--num-kv-blocks", type=int, default=None)
-    p.add_argument("--kv-cache-gib", type=float, default=d.kv_cache_gib)
-    p.add_argument("--dtype", default=d.dtype,
-                   choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument("--device", default=d.device, help="cpu, cuda or cuda:N")
-    p.add_argument("--attention-backend", default=d.attention_backend,
-                   choices=["auto", "torch", "triton"],
-                   help="auto: triton kernels on CUDA, the torch path on CPU")
-    p.add_argument("--cuda-graphs", default=d.cuda_graphs, choices=["auto", "on", "off"],
-                   help="capture decode steps as CUDA graphs (auto: on with CUDA + triton)")
-    p.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization,
-                   help="fraction of GPU memory for weights, activations and the KV cache")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--engine-threads", type=int, default=d.engine_threads)
-    p.add_argument("--api-key", action="append", default=[], dest="api_keys",
-                   help="accepted Bearer key (repeatable)")
-    p.add_argument("--max-pending", type=int, default=d.max_pending,
-                   help="requests in flight beyond which new ones get 503 (0: no cap)")
-    p.add_argument("--api-keys-file", type=Path, default=None,
-                   help="file of accepted keys, one per line")
-    p.add_argument("--rate-limit-tokens-per-minute", type=int,
-                   default=d.rate_limit_tokens_per_minute,
-                   help="per-key budget of prompt + max_tokens tokens (0: none)")
-    p.add_argument("--request-timeout", type=float, default=d.request_timeout,
-                   help="default generation deadline in seconds (0: none)")
-    p.add_argument("--drain-timeout", type=float, default=d.drain_timeout,
-                   help="seconds in-flight requests get to finish on SIGTERM")
-    p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
-    p.add_argument("--max-stream-buffer-tokens", type=int, default=d.max_stream_buffer_tokens)
-    p.add_argument("--stream-interval", type=int, default=d.stream_interval,
-                   help="tokens per SSE event after a stream's first (1: every token)")
-    p.add_argument("--max-engine-restarts", type=int, default=d.max_engine_restarts)
-    p.add_argument("--startup-timeout", type=float, default=d.startup_timeout)
-    p.add_argument("--lora-modules", nargs="+", type=_lora_module, default=[],
-                   metavar="NAME=PATH",
-                   help="PEFT LoRA adapters to serve; a request picks one by model or lora")
-    p.add_argument("--max-loras", type=int, default=None,
-                   help="adapters resident at once (default: all loaded at start, at most 8)")
-    p.add_argument("--max-lora-rank", type=int, default=None,
-                   help="LoRA slot rank (default: the largest rank loaded at start)")
-    p.add_argument("--enable-lora-runtime-updates", action="store_true",
-                   help="serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter")
-    p.add_argument("--backlog", type=int, default=2048,
-                   help="listen backlog: a burst of new connections beyond it is reset")
-    p.add_argument("--log-level", default=d.log_level, type=str.upper,
-                   choices=log_format.LEVELS)
-    p.add_argument("--log-format", default=d.log_format, choices=log_format.FORMATS,
-                   help="every log line, one per request included: text, or json (one "
-                        "object a line)")
+#: ``make-tiny``'s flags: the ``TinySpec`` field each sets, and its help.
+_TINY_FLAGS = {
+    "--vocab": ("vocab_size", "vocabulary size"),
+    "--hidden": ("hidden_size", "hidden size"),
+    "--intermediate": ("intermediate_size", "MLP intermediate size"),
+    "--layers": ("num_hidden_layers", "decoder layers"),
+    "--heads": ("num_attention_heads", "attention heads"),
+    "--kv-heads": ("num_key_value_heads", "key/value heads"),
+    "--head-dim": ("head_dim", "head dimension"),
+    "--seed": ("seed", "seed of the random weights"),
+}
 
 
-def _settings_from(args: argparse.Namespace) -> Settings:
-    names = {f.name for f in attrs.fields(Settings)}
-    return Settings(**{k: v for k, v in vars(args).items() if k in names})
+def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The parser, and each command's own (whose usage line a bad value's error follows)."""
+    parser = argparse.ArgumentParser(prog="izh-trio")
+    sub = parser.add_subparsers(dest="command", required=True)
+    # A short usage line: the flags are listed once, under --help's options.
+    serve_parser = sub.add_parser("serve", help="serve the OpenAI API for a Qwen3 checkpoint",
+                                  usage="%(prog)s [options]",
+                                  description="The app under hypercorn (izh_trio.app:app) "
+                                  "reads the same settings from IZH_* environment variables: "
+                                  "--max-num-seqs is IZH_MAX_NUM_SEQS (all but --backlog, "
+                                  "hypercorn's own there).")
+    add_flags(serve_parser, Settings)
+    add_flags(serve_parser, ServeOptions)
+    tiny = sub.add_parser("make-tiny", help="write the tiny random Qwen3 checkpoint to DIR",
+                          description="The defaults are the checkpoint izh-trio serve builds "
+                          "for itself; the flags make other shapes (benchmarks).")
+    tiny.add_argument("dir", type=Path, metavar="DIR",
+                      help="where to write it: missing, empty, or this checkpoint already")
+    default = TinySpec()
+    for flag, (field, text) in _TINY_FLAGS.items():
+        tiny.add_argument(flag, dest=field, type=int, default=argparse.SUPPRESS, metavar="N",
+                          help=f"{text} (default: {getattr(default, field)})")
+    tiny.add_argument("--tie", dest="tie_word_embeddings", action="store_true",
+                      default=argparse.SUPPRESS, help="tie the LM head to the embeddings")
+    return parser, sub.choices
 
 
 def check_address(host: str, port: int) -> None:
@@ -178,27 +154,30 @@ async def _serve(app: Any, config: Any, drain_timeout: float) -> int:
     return status
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="izh-trio")
-    sub = parser.add_subparsers(dest="command", required=True)
-    _serve_parser(sub)
-    tiny = sub.add_parser("make-tiny", help="write the tiny random Qwen3 checkpoint to DIR")
-    tiny.add_argument("dir", type=Path)
-    args = parser.parse_args(argv)
-
-    if args.command == "make-tiny":
-        from izh_trio.tiny import make_tiny_checkpoint
-
-        print(make_tiny_checkpoint(args.dir))
-        return 0
+def _built(parser: argparse.ArgumentParser, cls: Any, values: dict[str, Any]) -> Any:
+    """``cls(**values)``; a value its own validators refuse is a usage error of ``parser``."""
     try:
-        settings = _settings_from(args)
-    except (TypeError, ValueError) as exc:  # the settings' own validators: a usage error
-        serve_parser = sub.choices["serve"]
-        serve_parser.error(str(exc))
+        return cls(**values)
+    except (TypeError, ValueError) as exc:
+        parser.error(str(exc))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, commands = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "make-tiny":
+        shape = {k: v for k, v in vars(args).items() if k not in ("command", "dir")}
+        spec = _built(commands["make-tiny"], TinySpec, shape)
+        try:
+            print(make_tiny_checkpoint(args.dir, spec))
+        except OSError as exc:  # a directory holding something else, say
+            raise SystemExit(f"izh-trio: cannot write {args.dir}: {exc}") from None
+        return 0
+    settings = _built(commands["serve"], Settings, given_flags(Settings, args))
+    options = _built(commands["serve"], ServeOptions, given_flags(ServeOptions, args))
     log_format.configure(settings.log_level, settings.log_format)
     try:
-        serve(settings, backlog=args.backlog)
+        serve(settings, backlog=options.backlog)
     except KeyboardInterrupt:  # before the server took the signals over
         return 130
     return 0

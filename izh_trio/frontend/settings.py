@@ -1,38 +1,21 @@
-"""Server settings: one attrs class, from CLI flags or ``IZH_*`` environment variables."""
+"""Server settings: one attrs class, each field declared once with its default, bounds and
+help; ``izh-trio serve``'s flags and the ``IZH_*`` environment variables are derived from it
+(``setting_fields``)."""
 
 from __future__ import annotations
 
 import os
-import typing
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
 
 import attrs
 from attrs import validators as v
 
+from izh_trio.frontend.setting_fields import given_env, setting
 from izh_trio.wire import EngineConfig
 from izh_trio.wire.log_format import FORMATS as LOG_FORMATS
 from izh_trio.wire.log_format import LEVELS as LOG_LEVELS
-
-#: Environment names that are not simply the field's name in capitals.
-_ENV_NAMES = {"api_keys": "API_KEY"}
-
-
-def _from_env_text(raw: str, tp: Any) -> Any:
-    """An ``IZH_*`` value as the field's type: numbers, booleans, comma lists, text."""
-    kinds = {t for t in typing.get_args(tp) if t is not type(None)} or {tp}
-    if typing.get_origin(tp) is tuple:
-        return tuple(item.strip() for item in raw.split(",") if item.strip())
-    if bool in kinds:
-        if raw.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-            raise ValueError(f"not a boolean: {raw!r}")
-        return raw.lower() in ("1", "true", "yes", "on")
-    if int in kinds:
-        return int(raw)
-    if float in kinds:
-        return float(raw)
-    return raw
+from izh_trio.wire.options import ATTENTION_BACKENDS, CUDA_GRAPHS_MODES, DTYPES, check_lora_names
 
 
 def parse_lora_module(spec: str | tuple[str, str] | list[str]) -> tuple[str, str]:
@@ -51,83 +34,99 @@ def parse_lora_module(spec: str | tuple[str, str] | list[str]) -> tuple[str, str
 
 def _lora_modules(specs: Iterable[str | tuple[str, str]]) -> tuple[tuple[str, str], ...]:
     pairs = tuple(parse_lora_module(s) for s in specs)
-    names = [name for name, _ in pairs]
-    if len(set(names)) != len(names):
-        raise ValueError(f"LoRA module names must be unique: {names}")
+    check_lora_names(pairs)
     return pairs
+
+
+_optional_path = attrs.converters.optional(Path)
 
 
 @attrs.frozen
 class Settings:
     """Everything the server is told; the engine's share becomes an ``EngineConfig``."""
 
-    #: None: build (once, cached) the embedded tiny random Qwen3 checkpoint.
-    model_dir: Path | None = attrs.field(
-        default=None, converter=attrs.converters.optional(Path)
-    )
-    served_model_name: str | None = None
-    host: str = "127.0.0.1"
-    port: int = attrs.field(default=8000, validator=[v.ge(0), v.le(65535)])
-    max_model_len: int | None = attrs.field(default=None, validator=v.optional(v.ge(1)))
-    max_num_seqs: int = attrs.field(default=256, validator=v.ge(1))
-    max_num_batched_tokens: int = attrs.field(default=2048, validator=v.ge(1))
-    block_size: int = attrs.field(default=16, validator=v.ge(1))
-    num_kv_blocks: int | None = attrs.field(default=None, validator=v.optional(v.ge(1)))
-    kv_cache_gib: float = attrs.field(default=1.0, validator=v.gt(0))
-    dtype: str = attrs.field(default="auto", validator=v.in_(("auto", "float32", "bfloat16",
-                                                                "float16")))
-    device: str = "cpu"
-    attention_backend: str = attrs.field(default="auto",
-                                         validator=v.in_(("auto", "torch", "triton")))
-    cuda_graphs: str = attrs.field(default="auto", validator=v.in_(("auto", "on", "off")))
-    gpu_memory_utilization: float = attrs.field(default=0.9, validator=[v.gt(0), v.le(1)])
-    seed: int = 0
-    engine_threads: int = attrs.field(default=0, validator=v.ge(0))
-    api_keys: tuple[str, ...] = attrs.field(default=(), converter=tuple)
-    #: A file of accepted keys, one per line (``#`` comments), read at start.
-    api_keys_file: Path | None = attrs.field(
-        default=None, converter=attrs.converters.optional(Path)
-    )
-    #: Requests in flight beyond which new ones get 503 (0: no cap).
-    max_pending: int = attrs.field(default=0, validator=v.ge(0))
-    #: Tokens (prompt + max_tokens) each key may use per minute (0: no limit).
-    rate_limit_tokens_per_minute: int = attrs.field(default=0, validator=v.ge(0))
-    #: Default deadline of a generation in seconds (0: none); ``X-Request-Timeout`` overrides.
-    request_timeout: float = attrs.field(default=0.0, validator=v.ge(0))
-    #: On SIGTERM: how long in-flight requests get to finish before they are failed.
-    drain_timeout: float = attrs.field(default=30.0, validator=v.ge(0))
-    max_body_bytes: int = attrs.field(default=32 << 20, validator=v.ge(1024))
-    #: Output tokens a stream may fall behind its client before it is aborted.
-    max_stream_buffer_tokens: int = attrs.field(default=8192, validator=v.ge(1))
-    #: A stream's SSE events after its first carry at least this many tokens (as vLLM's
-    #: ``--stream-interval``): fewer, larger events when per-event cost is the limit.
-    stream_interval: int = attrs.field(default=1, validator=v.ge(1))
-    #: Consecutive engine-core failures after which the server stops respawning it.
-    max_engine_restarts: int = attrs.field(default=5, validator=v.ge(0))
-    startup_timeout: float = attrs.field(default=600.0, validator=v.gt(0))
-    #: LoRA adapters (PEFT directories) served beside the base model, as (name, path).
-    lora_modules: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_lora_modules)
-    #: Adapters resident in the engine at once (None: all loaded at start, at most 8).
-    max_loras: int | None = attrs.field(default=None, validator=v.optional(v.ge(1)))
-    #: The engine's LoRA slot rank (None: the largest rank loaded at start).
-    max_lora_rank: int | None = attrs.field(default=None, validator=v.optional(v.ge(1)))
-    #: Serve ``POST /v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` (else 404).
-    enable_lora_runtime_updates: bool = False
-    #: Every log line, the access log's included: ``text`` or ``json`` (one object a line).
-    log_format: str = attrs.field(default="text", validator=v.in_(LOG_FORMATS))
-    log_level: str = attrs.field(default="INFO", converter=str.upper,
-                                 validator=v.in_(LOG_LEVELS))
+    # setting() is attrs.field with metadata: a field, not a shared default (RUF009).
+    model_dir: Path | None = setting(  # noqa: RUF009
+        None, "Hugging Face Qwen3 directory (default: the embedded tiny model, built once and "
+        "cached)", converter=_optional_path)
+    served_model_name: str | None = setting(
+        None, "the model's name in the API (default: the model directory's name)",
+        metavar="NAME")
+    host: str = setting("127.0.0.1", "address to listen on")
+    port: int = setting(8000, "port to listen on", validator=[v.ge(0), v.le(65535)])
+    max_model_len: int | None = setting(
+        None, "longest sequence, prompt and output (default: the checkpoint's "
+        "max_position_embeddings)", validator=v.optional(v.ge(1)))
+    max_num_seqs: int = setting(256, "sequences the engine runs at once", validator=v.ge(1))
+    max_num_batched_tokens: int = setting(2048, "tokens one engine step computes at most",
+                                          validator=v.ge(1))
+    block_size: int = setting(16, "tokens per KV-cache block", validator=v.ge(1))
+    num_kv_blocks: int | None = setting(
+        None, "KV-cache blocks (default: sized from --kv-cache-gib on CPU, from "
+        "--gpu-memory-utilization on CUDA)", validator=v.optional(v.ge(1)))
+    kv_cache_gib: float = setting(1.0, "KV-cache size in GiB on CPU", validator=v.gt(0))
+    dtype: str = setting("auto", "the model's dtype (auto: the checkpoint's)", choices=DTYPES)
+    device: str = setting("cpu", "cpu, cuda or cuda:N")
+    attention_backend: str = setting(
+        "auto", "auto: triton kernels on CUDA, the torch path on CPU", choices=ATTENTION_BACKENDS)
+    cuda_graphs: str = setting(
+        "auto", "capture decode steps as CUDA graphs (auto: on with CUDA + triton)",
+        choices=CUDA_GRAPHS_MODES)
+    gpu_memory_utilization: float = setting(
+        0.9, "fraction of GPU memory for weights, activations and the KV cache",
+        validator=[v.gt(0), v.le(1)])
+    seed: int = setting(0, "seed of the engine's sampling")
+    engine_threads: int = setting(0, "torch threads in the engine process (0: torch's default)",
+                                  validator=v.ge(0))
+    api_keys: tuple[str, ...] = setting(
+        (), "accepted Bearer key (repeatable; the environment: comma-separated)",
+        converter=tuple, flag="--api-key", env="IZH_API_KEY", action="append", metavar="KEY")
+    api_keys_file: Path | None = setting(  # noqa: RUF009
+        None, "file of accepted keys, one per line (# comments), read at start",
+        converter=_optional_path)
+    max_pending: int = setting(
+        0, "requests in flight beyond which new ones get 503 (0: no cap)", validator=v.ge(0))
+    rate_limit_tokens_per_minute: int = setting(
+        0, "per-key budget of prompt + max_tokens tokens (0: none)", validator=v.ge(0))
+    request_timeout: float = setting(
+        0.0, "default generation deadline in seconds (0: none); X-Request-Timeout overrides it",
+        validator=v.ge(0))
+    drain_timeout: float = setting(
+        30.0, "seconds in-flight requests get to finish on SIGTERM", validator=v.ge(0))
+    max_body_bytes: int = setting(32 << 20, "largest request body", validator=v.ge(1024))
+    max_stream_buffer_tokens: int = setting(
+        8192, "output tokens a stream may fall behind its client before it is aborted",
+        validator=v.ge(1))
+    # As vLLM's --stream-interval: fewer, larger events when per-event cost is the limit.
+    stream_interval: int = setting(
+        1, "tokens per SSE event after a stream's first (1: every token)", validator=v.ge(1))
+    max_engine_restarts: int = setting(
+        5, "consecutive engine failures after which it is no longer respawned",
+        validator=v.ge(0))
+    startup_timeout: float = setting(
+        600.0, "seconds the engine may take to start, model load included", validator=v.gt(0))
+    lora_modules: tuple[tuple[str, str], ...] = setting(
+        (), "PEFT LoRA adapters to serve; a request picks one by model or lora",
+        converter=_lora_modules, parse=parse_lora_module, metavar="NAME=PATH")
+    max_loras: int | None = setting(
+        None, "adapters resident at once (default: all loaded at start, at most 8)",
+        validator=v.optional(v.ge(1)))
+    max_lora_rank: int | None = setting(
+        None, "LoRA slot rank (default: the largest rank loaded at start)",
+        validator=v.optional(v.ge(1)))
+    enable_lora_runtime_updates: bool = setting(
+        False, "serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (else 404)")
+    log_format: str = setting(
+        "text", "every log line, one per request included: text, or json (one object a line)",
+        choices=LOG_FORMATS)
+    log_level: str = setting("INFO", "the server's log level", choices=LOG_LEVELS,
+                             converter=str.upper)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
-        """Every field from ``IZH_<FIELD>`` (``IZH_API_KEY`` for the keys), unset ones default."""
-        env = os.environ if env is None else env
-        values = {}
-        for field in attrs.fields(attrs.resolve_types(cls)):
-            raw = env.get("IZH_" + _ENV_NAMES.get(field.name, field.name.upper()))
-            if raw not in (None, ""):
-                values[field.name] = _from_env_text(raw, field.type)
-        return cls(**values)
+        """Every field from its ``IZH_*`` variable (``IZH_API_KEY`` for the keys); unset ones
+        default."""
+        return cls(**given_env(cls, os.environ if env is None else env))
 
     def all_api_keys(self) -> tuple[str, ...]:
         keys = list(self.api_keys)

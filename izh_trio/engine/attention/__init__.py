@@ -20,13 +20,13 @@ from izh_trio.engine.attention.base import (
     long_tensor,
 )
 from izh_trio.engine.attention.torch_sdpa import TORCH_BACKEND
+from izh_trio.wire.options import ATTENTION_BACKENDS
 
 __all__ = ["BACKEND_NAMES", "TORCH_BACKEND", "AttentionBackend", "AttentionMetadata",
            "ChunkSpec", "StepAttention", "get_backend", "long_tensor"]
 
-#: What ``attention_backend`` may say: ``torch`` means no Triton (SDPA, or the compiled CPU
-#: kernel where it runs), ``auto`` Triton on CUDA and ``torch`` anywhere else.
-BACKEND_NAMES = ("auto", "torch", "triton")
+#: What ``attention_backend`` may say (defined beside the other settings both processes know).
+BACKEND_NAMES = ATTENTION_BACKENDS
 
 
 def get_backend(name: str, device: torch.device, dtype: torch.dtype) -> AttentionBackend:
