@@ -6,7 +6,7 @@
 #
 # Steps: (0) check the Python imports the server needs and print what is missing, installing
 # it from wheelhouse/ when that folder exists; (a) tests/kernels and the triton-backend engine
-# tests on the GPU (bf16 included); (b) tools/gpu_bench.py: a Qwen3-0.6B-shaped random bf16
+# tests on the GPU (bf16 included); (b) tools/bench/gpu_bench.py: a Qwen3-0.6B-shaped random bf16
 # model, 256 sequences with input and output lengths uniform in [100, 1024], ignore_eos,
 # offline through the engine core in-process, then over HTTP (`izh-trio serve` + a concurrent
 # client). The last line of (b) is one JSON line of figures (output tok/s offline and over HTTP,
@@ -84,7 +84,7 @@ BENCH_ARGS=()
 if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     # IZH_GPU_CHECK_CPU=1: rehearse the script on a CPU (interpreted kernels, --small bench).
     [[ "${IZH_GPU_CHECK_CPU:-0}" == 1 ]] || { echo "no CUDA device: nothing to check"; exit 2; }
-    echo "no CUDA device: a CPU rehearsal (TRITON_INTERPRET, gpu_bench.py --small)"
+    echo "no CUDA device: a CPU rehearsal (TRITON_INTERPRET, tools.bench.gpu_bench --small)"
     BENCH_ARGS=(--small)
 fi
 
@@ -102,7 +102,7 @@ fi
 
 if [[ "$WHAT" == all || "$WHAT" == bench ]]; then
     echo "== (b) throughput: offline engine core, then HTTP"
-    timeout 420 "$PY" tools/gpu_bench.py --work-dir /tmp/izh_gpu_bench "${BENCH_ARGS[@]}" \
+    timeout 420 "$PY" -m tools.bench.gpu_bench --work-dir /tmp/izh_gpu_bench "${BENCH_ARGS[@]}" \
         2> >(tee "$OUT/bench.log" >&2) | tee "$OUT/bench.json"
     rc=${PIPESTATUS[0]}
     echo "bench: exit $rc"

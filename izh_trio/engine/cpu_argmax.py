@@ -1,14 +1,13 @@
 """Row-wise argmax of fp32 logits on CPU, as ``torch.argmax(dim=-1)`` answers it.
 
 Every greedy token is an argmax over the vocabulary, for every sequence of every step. torch's
-CPU argmax reduces one element at a time: at 256 rows of a 2,000-token vocabulary it took
-~0.45-0.8 ms of a ~20 ms decode step, and ~0.1 ms of a ~4 ms step at 32 rows. This loop
-keeps 16 running maxima and their indices in two vectors, one pass over each row, then folds
-the lanes: ~10x less. It answers exactly what torch does: the first index of the largest
-value; a NaN counts as larger than anything (the first NaN wins); a row of equal values (all
-``-inf`` under a grammar's mask, say) gives 0. The C source is ``csrc/cpu_argmax.c``, built
-once per machine (``cbuild``); without a compiler, ``IZH_CPU_ARGMAX=0``, or for other tensors,
-``argmax_rows`` is torch's argmax.
+CPU argmax reduces one element at a time, a visible share of a decode step; this loop keeps 16
+running maxima and their indices in two vectors, one pass over each row, then folds the lanes
+(figures in ``tools/bench/results/cpu-kernels.md``). It answers exactly what torch does: the first
+index of the largest value; a NaN counts as larger than anything (the first NaN wins); a row of
+equal values (all ``-inf`` under a grammar's mask, say) gives 0. The C source is
+``csrc/cpu_argmax.c``, built once per machine (``cbuild``); without a compiler,
+``IZH_CPU_ARGMAX=0``, or for other tensors, ``argmax_rows`` is torch's argmax.
 """
 
 from __future__ import annotations

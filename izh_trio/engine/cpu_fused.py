@@ -2,11 +2,10 @@
 
 Between its GEMMs, a Qwen3 layer runs some sixty small torch ops: RMSNorm is six (square,
 mean, add, rsqrt, multiply, multiply), RoPE six more for q and again for k, two
-``index_copy_`` for the KV store, and the residual adds. At a decode batch of 32 each costs
-4-8 µs of dispatch for almost no arithmetic, and at 256 each one streams its operands
-through memory again. Here each group below is one C call, one pass over its rows (a
-layer's three: ~28 µs instead of ~140 at 32 tokens, ~80 instead of ~330 at 256, on the
-benchmark checkpoint; ``tools/bench_cpu_fused.py``):
+``index_copy_`` for the KV store, and the residual adds. At a small decode batch each is
+mostly dispatch, and at a large one each streams its operands through memory again. Here
+each group below is one C call, one pass over its rows (measure with
+``python -m tools.micro.bench_cpu_fused``; figures in ``tools/bench/results/cpu-kernels.md``):
 
 * ``qk_norm_rope_store``: q and k heads normed (per head, over ``head_dim``) and rotated,
   k and v written into their paged-cache slots;

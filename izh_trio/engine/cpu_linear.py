@@ -1,15 +1,14 @@
 """Linear layers on CPU with their weights packed once into oneDNN's blocked layout.
 
 ``F.linear`` on CPU re-reads a plain row-major weight at every call; oneDNN's matmul on a
-weight reordered once at load time runs the same fp32 arithmetic 9-26 % faster for 8 to 1,024
-rows here (a decode step has one row per sequence; ``tools/bench_cpu_linear.py``), ~107 GFLOPS
-on one Zen 4 core at 256 rows, and a whole engine step 20-40 % faster at 2 to 256 sequences.
-A single row is the exception: a lone sequence's decode step took 0.84 ms packed against
-0.65 ms with ``F.linear`` (MKL's GEMV streams a plain weight better), which is a single
-stream's latency. So a model whose linear weights are small (``PLAIN_COPY_LIMIT``) keeps the
-plain copy too, for one-row calls; a larger one is packed only, rather than doubling its
-weights' memory. Weights never change after loading (LoRA adds its own low-rank term beside
-the base layer), so packing once is safe.
+weight reordered once at load time runs the same fp32 arithmetic faster from a few rows up
+(a decode step has one row per sequence). A single row is the exception (MKL's GEMV streams a
+plain weight better), and that is a single stream's latency: so a model whose linear weights
+are small (``PLAIN_COPY_LIMIT``) keeps the plain copy too, for one-row calls; a larger one is
+packed only, rather than doubling its weights' memory. Measure with
+``python -m tools.micro.bench_cpu_linear``; figures in ``tools/bench/results/cpu-kernels.md``.
+Weights never change after loading (LoRA adds its own low-rank term beside the base layer),
+so packing once is safe.
 
 Packing is checked before it is trusted: a layer is only swapped when the packed product of a
 probe input matches ``F.linear``'s; any build without oneDNN, or any dtype it cannot serve,

@@ -1,42 +1,37 @@
 """Bounds on output constraints, checked in pure Python before any grammar library sees them.
 
-llguidance compiles a grammar by recursion on the native stack: a schema whose ``$ref``s
-chain a few thousand deep, or a Lark grammar of a few thousand chained rules, overflows it
-and kills the process with SIGSEGV (at an 8 MiB stack: ~2,500 chained ``{"$ref"}``
-definitions, ~900 chained objects whose one property is a ``$ref``, ~2,700 chained rules).
-Repetition counts cost time and memory instead: ``a{1000000}`` compiles, then errors
-("too many expressions") at the first token. Each bound below is a 400 that names the
-field and the limit. They are set well above what real clients send (OpenAI's own limits
-for structured outputs are 5,000 properties, 10 levels of nesting, 1,000 enum values) and
-well below what breaks the library:
+llguidance compiles a grammar by recursion on the native stack: a schema whose ``$ref``s chain a
+few thousand deep, or a Lark grammar of a few thousand chained rules, overflows it and kills the
+process with SIGSEGV. Repetition counts cost time and memory instead: a huge one compiles, then
+errors mid-generation. Each bound below is a 400 that names the field and the limit. They are
+set well above what real clients send (OpenAI's own limits for structured outputs are 5,000
+properties, 10 levels of nesting, 1,000 enum values) and well below what breaks the library (the
+measured margins: ``tools/bench/results/frontend.md``):
 
-* ``MAX_SCHEMA_CHARS`` (256 Ki): a schema's compact JSON. A pydantic model of 300 fields,
-  each with a title and a description, is ~50 K; a tool list of 50 such tools ~100 K.
+* ``MAX_SCHEMA_CHARS`` (256 Ki): a schema's compact JSON, a few times a big tool list's.
 * ``MAX_SCHEMA_DEPTH`` (64): the schema document's own nesting (objects and arrays). OpenAI
-  allows 10 levels of objects (~20 here); llguidance itself refuses ~120.
+  allows 10 levels of objects (about 20 here); llguidance itself refuses deeper ones.
 * ``MAX_SCHEMA_PROPERTIES`` (2,000): properties declared in a schema (all tools together).
-  Compile time grows faster than their number (2,000 optional properties in one object
-  take ~0.3 s, 6,000 ~2.2 s, and the engine compiles each grammar again on its own loop);
-  OpenAI allows 5,000, pydantic models a few hundred.
+  Compile time grows faster than their number, and the engine compiles each grammar again
+  on its own loop; OpenAI allows 5,000, pydantic models a few hundred.
 * ``MAX_SCHEMA_REFS`` (1,000): ``$ref``s in one schema (all tools together): a model with a
   few hundred fields of nested-model types has a few hundred.
 * ``MAX_REF_DEPTH`` (256): how deep the schema nests with its references followed, which is
   how deep llguidance recurses (``schema_refs``): each object or array level counts one,
   and the first reference to a definition nests it where it stands (a chain of 5,000
   definitions, each referring to the next, is 5,000 deep; a recursive tree stays shallow).
-  A level costs 2-4 KiB of native stack, so 256 levels take ~1 MiB, a quarter of what the
-  grammar worker compiles on and an eighth of the engine's 8 MiB. Pydantic's models,
-  nested or recursive, come to 10-50.
+  256 levels take a quarter of the stack the grammar worker compiles on and an eighth of
+  the engine's 8 MiB; pydantic's models, nested or recursive, come to far less.
 * ``MAX_GUIDED_CHOICES`` (4,096) strings of at most ``MAX_CHOICES_CHARS`` (256 Ki) in all:
-  the choices become one terminal of the grammar (10,000 compile in ~30 ms); labels and
-  entity lists are far smaller, and a list of 100,000 is refused before it is read.
+  the choices become one terminal of the grammar, cheap to compile; labels and entity
+  lists are far smaller, and a list of 100,000 is refused before it is read.
 * ``MAX_GRAMMAR_CHARS`` (256 Ki), ``MAX_GRAMMAR_RULES`` (512) and ``MAX_GRAMMAR_DEPTH`` (256)
-  for Lark: real grammars (SQL, a Python subset) have 50-300 rules and nest 30-100 deep
-  from ``start`` (a rule that refers to another nests it; a group nests one more). 600
-  chained rules of one group each overflow a 4 MiB stack; 256 levels use under 1 MiB.
+  for Lark: real grammars (SQL, a Python subset) have a few hundred rules at most and nest
+  well under 256 deep from ``start`` (a rule that refers to another nests it; a group nests
+  one more), which stays far from a 4 MiB stack's end.
 * ``MAX_REGEX_CHARS`` (16 Ki) and ``MAX_REGEX_REPEAT`` (10,000): a regex's counted
   repetitions (``{n}``, ``{n,m}``, ``{n,}``), nested ones multiplied, one after another
-  added. ``a{10000}`` costs ~2 ms a step to mask; ``a{1000000}`` fails mid-generation.
+  added. Masking slows with the count, and a count of a million fails mid-generation.
   Applies to ``guided_regex``, a schema's ``pattern``/``patternProperties`` and a Lark
   grammar's ``/regex/`` terminals.
 * ``MAX_GRAMMAR_REPEAT`` (1,000): a Lark grammar's rule-level repetitions (``x{n,m}``,

@@ -12,9 +12,9 @@ refused here first, with its error. The job runs on a thread whose stack is half
 engine's (the parent passes its size): a grammar within a factor of two of overflowing the
 engine's stack overflows this one first.
 
-It also parses request bodies of megabytes (``ParseJob``): orjson holds the GIL for the
-whole parse (~40 ms per 30 MB here, more under load), so no thread of the HTTP process can
-take that off its event loop; here it costs the loop only the copy back (msgpack).
+It also parses request bodies of megabytes (``ParseJob``): orjson holds the GIL for the whole parse,
+so no thread of the HTTP process can take that off its event loop; here it costs the loop only the
+copy back (msgpack).
 
 Messages go over a pipe pair as length-prefixed msgpack frames. The worker ignores SIGINT
 and SIGTERM, like the engine core (a terminal's Ctrl-C or a service manager must not kill a

@@ -2,9 +2,9 @@
 
 Two things kept it. A big buffer (a 30 MB body, its text) is ``mmap``-ed and unmapped when
 freed, but glibc then raises its mmap threshold to that buffer's size, so the next ones come
-from the heap, where they stay: three 30 MB requests left the process at ~160 MB instead of
-~70. And tokenizing a big text leaves the tokenizer's many small allocations as free but
-resident memory in the worker thread's arena (~400 MB after 4 MB of text). So the threshold
+from the heap, where they stay. And tokenizing a big text leaves the tokenizer's many small
+allocations as free but resident memory in the worker thread's arena (figures in
+``tools/bench/results/frontend.md``). So the threshold
 is fixed (big buffers always mapped, hence always returned; small requests never allocate
 that much), and the heap is trimmed after a big tokenizing job (``offload``). The engine
 core keeps its freed memory on purpose (``engine/process.py``); this is the HTTP process.
@@ -41,7 +41,7 @@ def map_big_buffers() -> bool:
 
 
 def trim() -> None:
-    """Give free heap memory back, every thread's arena (ctypes releases the GIL for it;
-    ~1 ms after a 64 KB text, ~30 ms after 4 MB)."""
+    """Give free heap memory back, every thread's arena (ctypes releases the GIL for it; the
+    cost grows with what the work left behind)."""
     if _LIBC is not None:
         _LIBC.malloc_trim(0)

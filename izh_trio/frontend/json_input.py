@@ -2,15 +2,14 @@
 
 Every request body, and every JSON document a client sends inside one (tool-call arguments,
 a JSON schema given as a string), is parsed here, by orjson, which refuses on its own what
-used to fail far from the parser with a 500:
+would otherwise fail far from the parser, as a 500:
 
 * lone UTF-16 surrogates (``"\\ud800"``): Python would carry them in a ``str`` until the
   tokenizer, a regex compiler or an encoder raised on them;
-* numbers a double cannot hold: an integer of thousands of digits was a ``ValueError``
+* numbers a double cannot hold: an integer of thousands of digits is a ``ValueError``
   (Python's int-to-str limit) in the standard library;
-* ``NaN`` and ``Infinity``, which are not JSON: no field accepts them (the range checks
-  refused them before, now the parser does), and a schema carrying one could not be
-  written back as JSON;
+* ``NaN`` and ``Infinity``, which are not JSON: no field accepts them, and a schema
+  carrying one could not be written back as JSON;
 * invalid UTF-8 and a byte-order mark (RFC 8259: UTF-8, no BOM).
 
 orjson allows 1,024 levels of nesting; this module allows :data:`MAX_DEPTH`, since Python
@@ -143,11 +142,11 @@ def _check_depth(value: Any, data: bytes | str) -> None:
 
     A document with fewer brackets than the limit cannot nest deeper, and counting them is
     a C-speed scan, so most bodies are never walked; a body of megabytes is walked at once
-    (its walk costs by the value, and one of a few huge strings has few: two scans of 30 MB
-    cost ~15 ms of the event loop for nothing). The walk goes a level at a time with
-    itertools and ``map`` only, so that no Python bytecode runs per value: a 16 MB body of
-    millions of small arrays costs a fraction of its parse (a node-by-node walk cost more
-    than the parse). No recursion either, so no depth can exhaust the stack."""
+    (its walk costs by the value, and one of a few huge strings has few, where two scans
+    would cost the event loop for nothing). The walk goes a level at a time with itertools
+    and ``map`` only, so that no Python bytecode runs per value and a body of millions of
+    small arrays costs a fraction of its parse (``tools/bench/results/frontend.md``). No
+    recursion either, so no depth can exhaust the stack."""
     if len(data) <= FIELD_SEARCH_LIMIT:
         if isinstance(data, bytes):
             brackets = data.count(b"[") + data.count(b"{")

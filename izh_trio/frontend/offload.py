@@ -1,7 +1,7 @@
 """Big inputs' tokenizing, rendering and decoding, off the event loop.
 
-One request's 30 MB prompt took the tokenizer ~20 s on the event loop, and every other
-request, ``/health`` included, waited. Work on a big input runs in a worker thread instead,
+A big prompt takes the tokenizer seconds, and on the event loop every other request,
+``/health`` included, would wait. Work on a big input runs in a worker thread instead,
 at most :data:`WORKER_THREADS` at a time (a queue, not a thread per request: the work is
 CPU-bound, and this machine has few cores to share with the engine). The tokenizer releases
 the GIL while it encodes or decodes a batch (``ModelTokenizer`` uses the batch calls for
@@ -9,8 +9,8 @@ long texts), so the loop runs meanwhile; Python work (template rendering) does n
 it but is cut into slices by the interpreter's switch interval, and is bounded by the size
 checks made first (``prompt_size``).
 
-Small inputs stay inline: a thread hop costs ~75 µs here, more than tokenizing a short
-chat prompt, and the server is measured on its CPU per request.
+Small inputs stay inline: a thread hop costs more than tokenizing a short chat prompt, and
+the server is judged on its CPU per request (``tools/bench/results/frontend.md``).
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ from izh_trio.frontend import heap
 
 T = TypeVar("T")
 
-#: Work on more than this many characters (or :func:`size_of` units) goes to a worker:
-#: ~1.5 ms of tokenizing here, against the hop's ~75 µs.
+#: Work on more than this many characters (or :func:`size_of` units) goes to a worker: where
+#: the hop costs a small share of the work.
 INLINE_CHARS = 4096
 #: Worker threads for big inputs, all routes together.
 WORKER_THREADS = 2
-#: After work that took this long (seconds) the heap is trimmed (``heap``): ~1 ms then,
-#: more after longer work, always a few percent of it.
+#: After work that took this long (seconds) the heap is trimmed (``heap``): the trim then
+#: costs a few percent of the work.
 TRIM_AFTER = 0.02
 #: What :func:`size_of` counts for each value in a list or an object besides its text: the
 #: Python work of validating, escaping and rendering one item.

@@ -1,7 +1,8 @@
 """Prompts too long for the model, known by their length alone, before they are tokenized.
 
-Tokenizing a 30 MB prompt takes the tokenizer ~20 s and ~2 GB, only to learn that it has
-millions of tokens where the model takes thousands. No token can stand for more text than
+Tokenizing a prompt of megabytes takes the tokenizer seconds and gigabytes
+(``tools/bench/results/frontend.md``), only to learn that it has millions of tokens where the
+model takes thousands. No token can stand for more text than
 the vocabulary's longest token (``chars_per_token``: its text, in characters; special and
 added tokens count with their text), so a text of more than ``max_model_len`` times that many
 characters cannot fit, and is refused as the tokenized path would refuse it (400,

@@ -1,16 +1,15 @@
 """One exit stack per HTTP request, open from the ASGI call's start to its very end.
 
-A streamed response's body runs after its route has returned, and quart opens the body only
-after the status line went out. A generation opened inside the body therefore reaches the
-engine core late: on trio every request of a burst passes each await of quart's response
-path before any of them opens its body, so in a burst of 32 the first AddRequest was queued
-~10 ms after its route had returned. Opened in the route, it is queued as soon as the route
-has parsed the request (a wave at 256 streams then reached the core sooner: ~8 % more
-tokens/s at 256 x 128). The engine requests must still be aborted however the HTTP request
-ends, including a client gone before quart opened the body (which then never runs at all),
-so the generation is entered into this stack, which the ASGI wrapper closes when the
-request's ASGI call ends for any reason: finished, failed, disconnected or cancelled. The
-request's admission ticket is returned from the same stack, just after the generation closes.
+A streamed response's body runs after its route has returned, and quart opens the body only after
+the status line went out. A generation opened inside the body therefore reaches the engine core
+late: on trio every request of a burst passes each await of quart's response path before any of them
+opens its body, so a burst's first AddRequest would wait for the whole burst. Opened in the route,
+it is queued as soon as the route has parsed the request, and a wave reaches the core sooner
+(``tools/bench/results/frontend.md``). The engine requests must still be aborted however the HTTP
+request ends, including a client gone before quart opened the body (which then never runs at all),
+so the generation is entered into this stack, which the ASGI wrapper closes when the request's ASGI
+call ends for any reason: finished, failed, disconnected or cancelled. The request's admission
+ticket is returned from the same stack, just after the generation closes.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ referring to the next, nests as deep as it is long, whatever order they are writ
 and a recursive definition (a tree, an AST) nests only once. These walks do the same,
 without recursion, and return the deepest nesting reached: every object or array level
 (every parenthesised group, in Lark) counts one, and a reference continues one below
-where it stands. Tried against llguidance: chains overflow its stack at depths these
-walks count as ~1,200-2,400 (8 MiB stack) and ~600-1,200 (4 MiB).
+where it stands, which is what makes the count comparable with the stack a compile has
+(the depths that overflowed it: ``tools/bench/results/frontend.md``).
 
 Only local references (``#``, ``#/json/pointer``) are followed; others (URLs, anchors) are
 leaves: the compiler refuses or resolves them without nesting further here.

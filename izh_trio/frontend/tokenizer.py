@@ -87,8 +87,7 @@ class ModelTokenizer:
             return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
         # The batch call releases the GIL while it works (``encode`` holds it): a long text
         # is encoded in a worker thread (``offload``) while the event loop runs on. The fast
-        # one (tokenizers >= 0.21) skips the character offsets, which no caller wants: ~40 %
-        # less time.
+        # one (tokenizers >= 0.21) skips the character offsets, which no caller wants.
         encode = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)
         return encode([text], add_special_tokens=add_special_tokens)[0].ids
 

@@ -1,4 +1,4 @@
-"""tools/bench_cpu_attention.py: both modes run, and the paths they time agree."""
+"""tools/micro/bench_cpu_attention.py: both modes run, and the paths they time agree."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from izh_trio.engine import cpu_attention
 
 ROOT = Path(__file__).resolve().parents[2]
-TOOL = ROOT / "tools" / "bench_cpu_attention.py"
+TOOL = [sys.executable, "-m", "tools.micro.bench_cpu_attention"]  # run from ROOT
 
 pytestmark = pytest.mark.skipif(not cpu_attention.available(), reason="no C compiler")
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(not cpu_attention.available(), reason="no C comp
     ["--prefill", "12", "--batch", "6", "--min-ctx", "12", "--max-ctx", "60"],
 ])
 def test_runs_and_the_timed_paths_agree(mode: list[str]) -> None:
-    res = subprocess.run([sys.executable, str(TOOL), *mode, "--iters", "5", "--rounds", "1"],
+    res = subprocess.run([*TOOL, *mode, "--iters", "5", "--rounds", "1"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
     timings = re.findall(r"^(.+?)\s+([\d.]+) ms/call", res.stdout, re.M)

@@ -1,4 +1,4 @@
-"""tools/bench_http_floor.py: its stand-in servers stream what our server streams, and stop."""
+"""tools/studies/bench_http_floor.py: its stand-ins stream what our server streams, and stop."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import openai
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-TOOL = ROOT / "tools" / "bench_http_floor.py"
+TOOL = [sys.executable, "-m", "tools.studies.bench_http_floor"]  # run from ROOT
 
 
 def _free_port() -> int:
@@ -26,7 +26,7 @@ def _free_port() -> int:
 @pytest.mark.parametrize("app", ["asgi", "quart"])
 def test_stand_in_streams_one_token_per_tick_and_stops_on_sigint(app: str) -> None:
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, str(TOOL), "--serve", app, "--port", str(port),
+    proc = subprocess.Popen([*TOOL, "--serve", app, "--port", str(port),
                              "--step-ms", "2"], cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
     try:

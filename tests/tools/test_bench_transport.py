@@ -1,4 +1,4 @@
-"""tools/bench_transport.py: it runs both transports end to end and its step check catches loss."""
+"""tools/studies/bench_transport.py: both transports run end to end; the step check catches loss."""
 
 from __future__ import annotations
 
@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-TOOL = ROOT / "tools" / "bench_transport.py"
+TOOL = "tools.studies.bench_transport"  # a module, run from ROOT
 N = 16
 
 
 def load_tool():
-    spec = importlib.util.spec_from_file_location("bench_transport", TOOL)
+    """A fresh copy of the module, so a test's patches stay in that test."""
+    spec = importlib.util.find_spec(TOOL)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -29,7 +30,7 @@ def test_cli_every_step_arrives_whole(transport: str, tmp_path: Path) -> None:
         pytest.importorskip("zmq")
     out = tmp_path / "r.json"
     res = subprocess.run(
-        [sys.executable, str(TOOL), "--transport", transport, "--streams", str(N), "--steps",
+        [sys.executable, "-m", TOOL, "--transport", transport, "--streams", str(N), "--steps",
          "30", "--paced-steps", "10", "--interval-ms", "5", "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -58,8 +59,8 @@ async def test_short_steps_are_counted(tmp_path: Path) -> None:
     """A core that runs one stream too few: every step must be flagged, nothing else."""
     bt = load_tool()
     wrapper = ("import json, runpy, sys; c = json.loads(sys.argv[2]); c['streams'] -= 1; "
-               "sys.exit(runpy.run_path(sys.argv[1])['child'](c))")
-    bt.CHILD = [sys.executable, "-c", wrapper, str(TOOL)]
+               "sys.exit(runpy.run_module(sys.argv[1])['child'](c))")
+    bt.CHILD = [sys.executable, "-c", wrapper, TOOL]
     r = await bt.measure("pipe", "saturated", args(), tmp_path)
     assert r["mismatches"]["wrong_output_count"] == 12
     assert r["mismatch_total"] == 12
@@ -75,10 +76,10 @@ async def test_zmq_skipped_without_pyzmq(tmp_path: Path) -> None:
 
 
 def test_loopback_floor_is_measured() -> None:
-    """tools/bench_loopback.py times real writes to a reading peer process, three ways."""
-    done = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_loopback.py"), "--sends",
+    """tools/studies/bench_loopback.py times real writes to a reading peer process, three ways."""
+    done = subprocess.run([sys.executable, "-m", "tools.studies.bench_loopback", "--sends",
                            "200", "--streams", "4", "--json"],
-                          capture_output=True, text=True, timeout=60, check=True)
+                          cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
     figures = json.loads(done.stdout)
     assert figures["sends"] == 200
     for name in ("plain", "yield", "trio"):

@@ -1,4 +1,4 @@
-"""tools/compare_peers.py in paired mode, against our real server alone (vLLM is not a test
+"""tools/bench/compare_peers.py in paired mode, against our real server alone (vLLM is not a test
 dependency): every round is measured, the summary keeps them, and the server is stopped."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def _free_port() -> int:
 def test_paired_rounds_are_measured_and_summarised(tiny_dir: Path, tmp_path: Path) -> None:
     port = _free_port()
     done = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "compare_peers.py"), "--model-dir", str(tiny_dir),
+        [sys.executable, "-m", "tools.bench.compare_peers", "--model-dir", str(tiny_dir),
          "--servers", "izh", "--workloads", "smoke", "--rounds", "2", "--settle-timeout", "0",
          "--port", str(port), "--out", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=240)

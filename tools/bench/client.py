@@ -1,7 +1,7 @@
 """One streamed request, timed on the client the way a user would feel it.
 
 Lean on purpose: the client shares the CPUs with the server under test, so it parses SSE on
-raw bytes from ``bench.http`` and decodes each event once, with orjson when installed.
+raw bytes from ``tools.bench.http`` and decodes each event once, with orjson when installed.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import trio
 
-from bench.http import HTTPClient, Response
+from tools.bench.http import HTTPClient, Response
 
 try:
     from orjson import dumps, loads

@@ -19,7 +19,14 @@ from urllib.parse import urlsplit
 
 import trio
 
-from bench.framing import CLOSE, ConnectError, HTTPError, RemoteProtocolError, Response, parse_head
+from tools.bench.framing import (
+    CLOSE,
+    ConnectError,
+    HTTPError,
+    RemoteProtocolError,
+    Response,
+    parse_head,
+)
 
 __all__ = ["ConnectError", "HTTPClient", "HTTPError", "RemoteProtocolError", "Response", "Sink"]
 

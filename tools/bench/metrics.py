@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.client import Outcome
+from tools.bench.client import Outcome
 
 LATENCIES = ("ttft", "tpot", "itl", "e2el")
 STATS = ("mean", "median", "std", "p90", "p99")

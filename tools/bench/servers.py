@@ -5,16 +5,26 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import httpx
 
+ROOT = Path(__file__).resolve().parents[2]  # the checkout
+
+
+def tool(module: str) -> list[str]:
+    """The command that runs one of these tools, ``module`` as ``tools.bench.bench_serve``;
+    run it with ``cwd=ROOT``, where ``tools`` is importable."""
+    return [sys.executable, "-m", module]
+
 
 def start(cmd: list[str], log: Path) -> subprocess.Popen:
-    """In a new session, so that stopping it reaches every process it started."""
+    """In a new session, so that stopping it reaches every process it started; in the
+    checkout, so that ``tool`` commands find their modules."""
     return subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+                            start_new_session=True, cwd=ROOT)
 
 
 def wait_ready(port: int, proc: subprocess.Popen, timeout: float = 900) -> None:

@@ -17,13 +17,11 @@ from izh_trio.engine.attention.base import StepAttention, long_tensor, padded_ta
 from izh_trio.engine.attention.torch_sdpa import PrefillChunk, SdpaMetadata, TorchBackend
 
 #: A prefill chunk goes to the kernel when its query rows times its context tokens stay under
-#: this. The kernel reads K/V once per query row, SDPA once per tile of rows, but SDPA costs
-#: ~45 us a call, one per chunk and layer, and with two threads each call is a parallel region
-#: whose barrier stalls while another process holds the second core (a step of 32 fresh
-#: 32-token prompts took 170-190 ms instead of ~30 next to a busy process). The crossover,
-#: fp32, 4 heads of 64 (GQA 2), ``tools/bench_cpu_attention.py --prefill N``: 16 x 1024 and
-#: 128 x 128 (rows x context) take 0.80x and 0.87x of SDPA's time, 64 x 256 ~1.1x, 32 x 1024
-#: 1.1x, 256 x 256 1.0x; fresh 32-token prompts 0.45x.
+#: this. The kernel reads K/V once per query row, SDPA once per tile of rows, but SDPA has
+#: a fixed cost per call, one per chunk and layer, and with two threads each call is a parallel
+#: region whose barrier stalls while another process holds the second core. This is the
+#: crossover that ``python -m tools.micro.bench_cpu_attention --prefill N`` finds (figures in
+#: ``tools/bench/results/cpu-kernels.md``).
 IN_PLACE_PREFILL_WORK = 16384
 
 

@@ -70,9 +70,9 @@ async def json_body(request: Request) -> Any:
     naming the problem and, where known, the top-level field (``json_input``)."""
     chunks = [chunk async for chunk in request.body]  # as they arrive; quart bounds them
     if sum(map(len, chunks)) > _BIG_BODY:
-        # orjson holds the GIL (~40 ms per 30 MB, more under load): parsed by a worker, the
-        # chunks sent on as they are, never joined here (a fresh 30 MB buffer costs the
-        # loop tens of ms of page faults on this kind of VM)
+        # orjson holds the GIL for the whole parse: parsed by a worker, the chunks sent on as
+        # they are, never joined here (a fresh buffer of megabytes costs the loop its page
+        # faults)
         parsed = await _parsed_by_a_worker(chunks)
         del chunks  # megabytes of small buffers, now free in the heap: give them back
         await trio.to_thread.run_sync(heap.trim)

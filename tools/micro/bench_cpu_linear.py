@@ -1,11 +1,11 @@
 """Time the engine's linear layers on CPU: plain ``F.linear`` against the oneDNN-packed weight.
 
-    python tools/bench_cpu_linear.py [--hidden 256] [--intermediate 768] [--heads 4]
+    python -m tools.micro.bench_cpu_linear [--hidden 256] [--intermediate 768] [--heads 4]
         [--kv-heads 2] [--head-dim 64] [--vocab 2000] [--rows 1,8,32,256,1024] [--rounds 5]
 
 Single thread, as the engine's decode steps run torch. The shapes are one Qwen3 layer's fused
 projections (qkv, o, gate_up, down) and the LM head; defaults are the tiny benchmark
-checkpoint's (``tools/make_tiny_checkpoint.py``). Prints microseconds per call for both, summed
+checkpoint's (``izh_trio.tiny``'s defaults). Prints microseconds per call for both, summed
 over the five shapes, for each row count (a decode step has one row per sequence), and the
 ratio; each figure is the best of ``--rounds`` interleaved rounds.
 """
@@ -14,21 +14,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-from pathlib import Path
 
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from izh_trio.engine.cpu_linear import pack_linears
-
-
-def _us_per_call(fn, iters: int) -> float:
-    start = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return 1e6 * (time.perf_counter() - start) / iters
+from tools.micro.timing import best_of
 
 
 def main() -> None:
@@ -52,12 +43,9 @@ def main() -> None:
     with torch.inference_mode():
         for rows in (int(r) for r in a.rows.split(",")):
             xs = {k: torch.randn(rows, i) for k, (i, _) in shapes.items()}
-            iters = max(3, 20_000 // rows)
-            best = {"plain": float("inf"), "packed": float("inf")}
-            for _ in range(a.rounds):
-                for name, mods in (("plain", plain), ("packed", packed)):
-                    us = sum(_us_per_call(lambda m=mods[k], x=xs[k]: m(x), iters) for k in shapes)
-                    best[name] = min(best[name], us)
+            best = best_of({name: lambda mods=mods, xs=xs: [mods[k](xs[k]) for k in shapes]
+                            for name, mods in (("plain", plain), ("packed", packed))},
+                           max(3, 20_000 // rows), a.rounds)
             print(f"{rows:>6} {best['plain']:>12.1f} {best['packed']:>10.1f} "
                   f"{best['packed'] / best['plain']:>6.2f} "
                   f"{flops_per_row * rows / best['packed'] / 1e3:>7.1f}")

@@ -1,7 +1,7 @@
 """Throughput of the GPU path: a Qwen3-0.6B-shaped random bf16 model, offline and over HTTP.
 
-    python tools/gpu_bench.py                  # the GPU run (tools/gpu_check.sh calls it)
-    python tools/gpu_bench.py --small          # CPU-sized: the tiny model, 8 sequences,
+    python -m tools.bench.gpu_bench            # the GPU run (tools/gpu_check.sh calls it)
+    python -m tools.bench.gpu_bench --small    # CPU-sized: the tiny model, 8 sequences,
                                                # lengths in [10, 40], torch attention
 
 The model is built here, with no download: Qwen3-0.6B's shape (hidden 1024, 28 layers, 16
@@ -33,8 +33,7 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # kernels/ and izh_trio from the checkout, installed or not
+ROOT = Path(__file__).resolve().parents[2]
 
 QWEN3_0_6B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
                   num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
@@ -297,10 +296,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_offline:
         # A child process, so that its KV cache and graphs are gone before the server sizes its
         # own from free GPU memory.
-        child = subprocess.run([sys.executable, __file__, *(argv if argv is not None
-                                                           else sys.argv[1:]),
+        child = subprocess.run([sys.executable, "-m", "tools.bench.gpu_bench",
+                                *(argv if argv is not None else sys.argv[1:]),
                                 "--offline-only", "--skip-http"],
-                               stdout=subprocess.PIPE, text=True, check=True)
+                               cwd=ROOT, stdout=subprocess.PIPE, text=True, check=True)
         result |= json.loads(child.stdout.strip().splitlines()[-1])
         log(f"offline: {result['offline_output_tok_s']} output tok/s")
     if not args.skip_http:

@@ -1,6 +1,6 @@
 """What hypercorn-trio costs per request and per streamed event with no model behind it.
 
-    python tools/bench_http_floor.py [--apps asgi,quart] [--step-ms 20] [--json]
+    python -m tools.studies.bench_http_floor [--apps asgi,quart] [--step-ms 20] [--json]
 
 Two stand-in servers on hypercorn's trio worker answer ``POST /v1/completions`` with OpenAI
 SSE chunks, one token per stream per tick of a shared step clock (as an engine step gives
@@ -10,11 +10,11 @@ write (as our server sends them):
 * ``asgi``: a bare ASGI callable, nothing but hypercorn and trio under it;
 * ``quart``: the same through a QuartTrio route returning a streamed ``Response``.
 
-The same client as ``tools/bench_serve.py`` drives each through the workloads below; the
+The same client as ``tools.bench.bench_serve`` drives each through the workloads below; the
 figure is the server process's CPU per output token. With one token per request that is the
 per-request cost (accept the request, parse it, start and end a stream); with 64 it is mostly
 the per-event cost. Our frontend pays these before any code of its own, so they are the floor
-under its figures in ``tools/compare_peers.py``.
+under its figures in ``tools.bench.compare_peers``.
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ import json
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import trio
-from bench import servers
+
+from tools.bench import servers
 
 WORKLOADS = {  # name: (concurrency, prompts, output tokens)
     "32x1": (32, 1024, 1),
@@ -155,11 +155,11 @@ def serve(kind: str, port: int, step_ms: float) -> None:
 def _measure(port: int, proc: subprocess.Popen, workload: str, out: Path) -> dict[str, float]:
     conc, prompts, tokens = WORKLOADS[workload]
     before = servers.tree_cpu_s(proc.pid)
-    subprocess.run([sys.executable, str(Path(__file__).with_name("bench_serve.py")),
+    subprocess.run([*servers.tool("tools.bench.bench_serve"),
                     "--base-url", f"http://127.0.0.1:{port}", "--concurrency", str(conc),
                     "--num-prompts", str(prompts), "--input-len", "32", "--output-len",
                     str(tokens), "--warmup", str(conc), "--no-progress", "--result-json",
-                    str(out)], check=True, stdout=subprocess.DEVNULL)
+                    str(out)], check=True, stdout=subprocess.DEVNULL, cwd=servers.ROOT)
     point = json.loads(out.read_text())["points"][0]
     # The warm-up wave is in the CPU figure too: a small overestimate, the same for each app.
     total = point["total_output_tokens"] + conc * tokens
@@ -184,8 +184,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(a.rounds):
             for app in apps:  # one server at a time: an idle one still takes CPU here
-                cmd = [sys.executable, __file__, "--serve", app, "--port", str(a.port),
-                       "--step-ms", str(a.step_ms)]
+                cmd = [*servers.tool("tools.studies.bench_http_floor"), "--serve", app,
+                       "--port", str(a.port), "--step-ms", str(a.step_ms)]
                 proc = servers.start(cmd, Path(tmp) / f"{app}.log")
                 try:
                     servers.wait_ready(a.port, proc, timeout=60)

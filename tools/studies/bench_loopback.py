@@ -1,6 +1,6 @@
 """What one small write to a loopback TCP peer costs here, with no server code at all.
 
-    python tools/bench_loopback.py [--sends 3000] [--size 150] [--streams 32] [--json]
+    python -m tools.studies.bench_loopback [--sends 3000] [--size 150] [--streams 32] [--json]
 
 Every streamed token a server sends is at least one such write (an SSE event). The reader is
 another process, as a real client is. Three figures, each as wall-clock and as the writer's

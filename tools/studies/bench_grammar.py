@@ -1,7 +1,7 @@
 """Compare llguidance and xgrammar for guided decoding on CPU: compile time and per-step mask time.
 
-    python tools/bench_grammar.py [--json OUT] [--reps 10] [--threads N] [--batch 32]
-    python tools/bench_grammar.py --libs llguidance --vocabs synth150k --grammars tool_call
+    python -m tools.studies.bench_grammar [--json OUT] [--reps 10] [--threads N] [--batch 32]
+    python -m tools.studies.bench_grammar --libs llguidance --vocabs synth150k --grammars tool_call
 
 Two vocabularies: the embedded tiny checkpoint's tokenizer (2,000 byte-level BPE entries,
 Qwen3 special tokens) and a seeded synthetic byte-level vocabulary the size of Qwen3's

@@ -1,10 +1,10 @@
 """Time the CPU paged decode kernel against the torch path it replaces, on one decode shape.
 
-    python tools/bench_cpu_attention.py [--batch 256] [--min-ctx 100] [--max-ctx 160]
+    python -m tools.micro.bench_cpu_attention [--batch 256] [--min-ctx 100] [--max-ctx 160]
         [--heads 4] [--kv-heads 2] [--head-dim 64] [--block-size 16] [--iters 50]
         [--rounds 5] [--no-torch]
-    python tools/bench_cpu_attention.py --module /tmp/old_cpu_attention.py --module package
-    python tools/bench_cpu_attention.py --prefill 32 --batch 32 --min-ctx 32 --max-ctx 32 \
+    python -m tools.micro.bench_cpu_attention --module /tmp/old_cpu_attention.py --module package
+    python -m tools.micro.bench_cpu_attention --prefill 32 --batch 32 --min-ctx 32 --max-ctx 32 \
         [--threads 2]
 
 Single thread, as the engine runs torch, and glibc told to keep freed memory as the engine
@@ -34,41 +34,26 @@ import argparse
 import functools
 import importlib.util
 import sys
-import time
 from collections.abc import Callable
-from pathlib import Path
 from types import ModuleType
 
 import torch
 import torch.nn.functional as F
 
+from izh_trio.engine import cpu_attention
+from izh_trio.engine.attention import ChunkSpec, StepAttention, cpu_kernel
+from izh_trio.engine.process import keep_freed_memory
+from tools.micro.timing import MS, best_of
+
 
 def _load(path: str) -> ModuleType:
     if path == "package":
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-        from izh_trio.engine import cpu_attention
-
         return cpu_attention
     spec = importlib.util.spec_from_file_location(f"bench_kernel_{abs(hash(path))}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def _time(fns: dict[str, Callable[[], torch.Tensor]], iters: dict[str, int], rounds: int
-          ) -> dict[str, float]:
-    """Best round of ``iters`` calls for each function, in ms per call, rounds interleaved."""
-    best = {name: float("inf") for name in fns}
-    for fn in fns.values():
-        fn()  # warm-up (and the kernel's compile)
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            for _ in range(iters[name]):
-                fn()
-            best[name] = min(best[name], (time.perf_counter() - start) / iters[name] * 1e3)
-    return best
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,9 +77,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     torch.set_num_threads(args.threads)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from izh_trio.engine.process import keep_freed_memory
-
     keep_freed_memory()
     if args.prefill:
         return _prefill(args)
@@ -135,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     kv_bytes = int(lens.sum()) * h_kv * d * 4 * 2
     print(f"B={b} ctx=[{args.min_ctx},{args.max_ctx}] (mean {lens.float().mean():.1f}) "
           f"H_q={h_q} H_kv={h_kv} D={d} block={bs}: {kv_bytes / 1e6:.1f} MB of K/V per call")
-    for name, ms in _time(fns, iters, args.rounds).items():
+    for name, ms in best_of(fns, iters, args.rounds, MS).items():
         print(f"{name:40s} {ms:8.3f} ms/call  {kv_bytes / ms / 1e6:6.1f} GB/s of K/V")
     if not args.no_torch:
         want = with_torch()
@@ -147,8 +129,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _prefill(args: argparse.Namespace) -> int:
     """A step of prefill chunks through the engine's attention: kernel rows against SDPA."""
-    from izh_trio.engine.attention import ChunkSpec, StepAttention, cpu_kernel
-
     g = torch.Generator().manual_seed(args.seed)
     n, bs, h_q, h_kv, d = args.prefill, args.block_size, args.heads, args.kv_heads, args.head_dim
     lens = torch.randint(max(n, args.min_ctx), max(n, args.max_ctx) + 1, (args.batch,),
@@ -182,8 +162,7 @@ def _prefill(args: argparse.Namespace) -> int:
     print(f"{args.batch} prefill chunks of {n} rows, context [{min(lens)}, {max(lens)}], "
           f"H_q={h_q} H_kv={h_kv} D={d} block={bs}, {args.threads} thread(s); "
           f"rows x context = {n * lens[0]} for the first")
-    for name, ms in _time(fns, dict.fromkeys(fns, max(1, args.iters // 5)),
-                          args.rounds).items():
+    for name, ms in best_of(fns, max(1, args.iters // 5), args.rounds, MS).items():
         print(f"{name:40s} {ms:8.3f} ms/call")
     a, b = (fn() for fn in fns.values())
     print(f"max |kernel rows - SDPA| = {(a - b).abs().max().item():.2e}")

@@ -1,6 +1,6 @@
 """Time the fused CPU elementwise kernels against the torch ops they replace, per layer.
 
-    python tools/bench_cpu_fused.py [--tokens 32 256] [--hidden 256] [--heads 4]
+    python -m tools.micro.bench_cpu_fused [--tokens 32 256] [--hidden 256] [--heads 4]
         [--kv-heads 2] [--head-dim 64] [--block-size 16] [--iters 200] [--rounds 5]
 
 Single thread, as the engine runs torch; fp32. For each token count, one decoder layer's
@@ -16,33 +16,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from izh_trio.engine import cpu_fused
 from izh_trio.engine.attention.torch_sdpa import store_kv
 from izh_trio.engine.models.qwen3 import RMSNorm, RotaryEmbedding, apply_rope
+from tools.micro.timing import best_of
 
 Result = torch.Tensor | tuple[torch.Tensor, ...]
-
-
-def _time(fns: dict[str, Callable[[], Result]], iters: int, rounds: int) -> dict[str, float]:
-    """Best round of ``iters`` calls for each function, in µs per call, rounds interleaved."""
-    best = dict.fromkeys(fns, float("inf"))
-    for fn in fns.values():
-        fn()
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            for _ in range(iters):
-                fn()
-            best[name] = min(best[name], (time.perf_counter() - start) / iters * 1e6)
-    return best
 
 
 def _diff(a: Result, b: Result) -> float:
@@ -112,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         for t in args.tokens:
             total_torch = total_fused = 0.0
             for name, (ref, fused) in _cases(t, args).items():
-                us = _time({"torch": ref, "fused": fused}, args.iters, args.rounds)
+                us = best_of({"torch": ref, "fused": fused}, args.iters, args.rounds)
                 total_torch, total_fused = total_torch + us["torch"], total_fused + us["fused"]
                 print(f"T={t:4d} {name:20s} {us['torch']:8.1f} -> {us['fused']:6.1f}  "
                       f"x{us['torch'] / us['fused']:5.1f}  max diff {_diff(ref(), fused()):.1e}")

@@ -1,6 +1,6 @@
 """Our server against vLLM's CPU build on the same checkpoint, same client, interleaved.
 
-    python tools/compare_peers.py [--model-dir DIR] [--rounds 2] [--mode paired|sequential]
+    python -m tools.bench.compare_peers [--model-dir DIR] [--rounds 2] [--mode paired|sequential]
 
 This machine's speed drifts by a third over minutes (every process's CPU per token, the
 client's too, rises and falls together), so the two servers are best measured close together:
@@ -31,9 +31,10 @@ import sys
 import time
 from pathlib import Path
 
-from bench import servers
+from izh_trio.tiny import make_tiny_checkpoint
+from tools.bench import servers
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = servers.ROOT
 PEER = ROOT.parent / "shared" / "tools" / "vllm-cpu-peer"
 WORKLOADS = {  # name: bench_serve arguments
     "32x32": ["--num-prompts", "256", "--concurrency", "32", "--input-len", "32",
@@ -68,11 +69,11 @@ def _measure(kind: str, name: str, port: int, proc: subprocess.Popen, out: Path,
     cpu_before = servers.tree_cpu_s(proc.pid)
     peer_before = servers.tree_cpu_s(peer.pid) if peer is not None else 0.0
     started = time.monotonic()
-    subprocess.run([sys.executable, str(ROOT / "tools" / "bench_serve.py"),
+    subprocess.run([*servers.tool("tools.bench.bench_serve"),
                     "--base-url", f"http://127.0.0.1:{port}",
                     "--warmup", str(_warmup(WORKLOADS[name])),
                     "--no-progress", "--label", kind, "--result-json", str(out),
-                    *WORKLOADS[name]], check=False, stdout=subprocess.DEVNULL)
+                    *WORKLOADS[name]], check=False, stdout=subprocess.DEVNULL, cwd=ROOT)
     point = json.loads(out.read_text())["points"][0]
     # Warm-up requests included: a small overestimate, the same for both.
     point["server_cpu_us_per_token"] = (
@@ -172,8 +173,7 @@ def main() -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     model_dir = a.model_dir or a.out / "tiny-qwen3"
     if a.model_dir is None and not (model_dir / "config.json").is_file():
-        subprocess.run([sys.executable, str(ROOT / "tools" / "make_tiny_checkpoint.py"),
-                        str(model_dir)], check=True)
+        make_tiny_checkpoint(model_dir)
     args = (a.servers.split(","), a.workloads.split(","), a.rounds, model_dir, a.port, a.out)
     report(paired(*args, a.settle_timeout) if a.mode == "paired" else sequential(*args), a.out)
 

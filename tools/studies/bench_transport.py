@@ -1,8 +1,8 @@
 """Frontend-to-core transport cost per engine step (issue #6): our pipe + msgpack vs ZeroMQ.
 
-    python tools/bench_transport.py [--transport pipe|zmq|both] [--mode saturated|paced|both]
-        [--streams 256] [--steps 2000] [--paced-steps 300] [--interval-ms 35] [--repeat 1]
-        [--json OUT]
+    python -m tools.studies.bench_transport [--transport pipe|zmq|both]
+        [--mode saturated|paced|both] [--streams 256] [--steps 2000] [--paced-steps 300]
+        [--interval-ms 35] [--repeat 1] [--json OUT]
 
 A child plays the engine core: per step it builds one RequestOutput (one new token) per running
 stream and sends a StepOutputs + Stats frame with the project's codec (the pipe child reuses the
@@ -50,7 +50,8 @@ from izh_trio.frontend.request_stream import Notifier, RequestStream
 from izh_trio.wire.codec import HEADER_SIZE, decode_payload
 
 VOCAB = 151_643  # Qwen3's regular vocabulary
-CHILD = [sys.executable, str(Path(__file__).resolve()), "--child"]
+ROOT = Path(__file__).resolve().parents[2]  # the child runs as a module of the checkout
+CHILD = [sys.executable, "-m", "tools.studies.bench_transport", "--child"]
 PARAMS = w.SamplingParams(max_tokens=4096, temperature=0.7, top_p=0.8, top_k=20)
 
 
@@ -229,7 +230,8 @@ async def measure(transport: str, mode: str, args: argparse.Namespace, tmp: Path
     else:
         conn = _ZmqConn(cfg["addr"])
     try:
-        proc = await trio.lowlevel.open_process([*CHILD, json.dumps(cfg)], pass_fds=fds)
+        proc = await trio.lowlevel.open_process([*CHILD, json.dumps(cfg)], pass_fds=fds,
+                                                 cwd=ROOT)
     finally:
         for fd in fds:
             os.close(fd)

@@ -1,9 +1,9 @@
 """Load generator for any OpenAI-compatible server, reporting what ``vllm bench serve`` does.
 
-    python tools/bench_serve.py --base-url http://127.0.0.1:8000 --model NAME \\
+    python -m tools.bench.bench_serve --base-url http://127.0.0.1:8000 --model NAME \\
         --concurrency 1,8,32 --num-prompts 200 --input-len 512 --output-len 128 \\
         --result-json mine.json --plot mine.png --label mine
-    python tools/bench_serve.py plot mine.json vllm.json --out cmp.png
+    python -m tools.bench.bench_serve plot mine.json vllm.json --out cmp.png
 
 Every request streams, so TTFT, ITL and TPOT are what a client sees, network included.
 Each point also reports the client's own CPU (``client_cpu_us_per_token``): on a small box
@@ -29,11 +29,12 @@ from urllib.parse import urlsplit
 import httpx
 import numpy as np
 import trio
-from bench.client import Outcome, stream_one
-from bench.http import HTTPClient
-from bench.metrics import client_cpu, format_table, point_name, summarize
-from bench.plot import plot_results
-from bench.workload import ServerInfo, arrival_offsets, build_payloads, discover
+
+from tools.bench.client import Outcome, stream_one
+from tools.bench.http import HTTPClient
+from tools.bench.metrics import client_cpu, format_table, point_name, summarize
+from tools.bench.plot import plot_results
+from tools.bench.workload import ServerInfo, arrival_offsets, build_payloads, discover
 
 PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 EXIT_FAILURES = 3
@@ -178,7 +179,7 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
     # leave a hypercorn keep-alive connection stuck, and the first request would hang on it.
     async with _client(args, 2) as probe:
         info: ServerInfo = await discover(probe, args.model)
-    # The streamed requests go through bench.http: httpx cost ~90 us of CPU per token.
+    # The streamed requests go through tools.bench.http: httpx cost ~90 us of CPU per token.
     async with HTTPClient(args.base_url, headers=_headers(args), max_connections=cap,
                           connect_timeout=min(args.timeout, 30.0)) as client:
         if info.note:
@@ -208,7 +209,7 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
     source = ("words" if args.endpoint == "chat"
               else "tokenize" if info.corpus_ids else "random-ids")
     return {
-        "schema_version": 1, "tool": "tools/bench_serve.py",
+        "schema_version": 1, "tool": "tools.bench.bench_serve",
         "label": args.label or f"{info.model}@{urlsplit(args.base_url).netloc}",
         "base_url": args.base_url, "model": info.model, "endpoint": args.endpoint,
         "started_at": started, "finished_at": _now(), "config": config,
