@@ -82,16 +82,32 @@ def build(name: str, source: str, extra_flags: Sequence[str] = (), label: str | 
 Signatures = Mapping[str, tuple[Any, Sequence[Any]]]
 
 
-@attrs.frozen
+@attrs.define
 class Kernel:
     """One C kernel of ``csrc/``: the one loader of all of them, so that each module only
-    says what its library is called, what switches it off and what its functions take."""
+    says what its library is called, what switches it off and what its functions take. It is
+    built (or found in the cache) on the first ``available()``, once."""
 
     name: str  # csrc/{name}.c, and the cached library's file name
     label: str  # names the kernel in log messages
     switch: str  # the environment variable that, set to "0", keeps torch's path
     signatures: Signatures
     extra_flags: tuple[str, ...] = ()  # after FLAGS
+    #: None: not tried yet; False: unavailable (switched off, or no compiler)
+    _lib: ctypes.CDLL | Literal[False] | None = attrs.field(default=None, init=False)
+
+    def available(self) -> bool:
+        """Whether the library is there, loading (and building) it on the first ask."""
+        if self._lib is None:
+            self._lib = self.load()
+        return self._lib is not False
+
+    @property
+    def lib(self) -> ctypes.CDLL:
+        """The loaded library; only after ``available()`` said True."""
+        lib = self._lib
+        assert lib, f"{self.label} is not loaded"
+        return lib
 
     def source(self) -> str:
         """The C source, read from the package (a wheel ships ``csrc/`` as package data)."""

@@ -23,14 +23,11 @@ _KERNEL = cbuild.Kernel(
     "cpu_argmax", label="CPU argmax kernel", switch="IZH_CPU_ARGMAX",
     signatures={"argmax_rows": (None, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                                        ctypes.c_void_p])})
-_lib: ctypes.CDLL | bool | None = None  # None: not tried yet; False: unavailable
 
 
 def available() -> bool:
     """Whether the kernel is built (compiling it on the first ask)."""
-    global _lib
-    _lib = _KERNEL.load() if _lib is None else _lib
-    return _lib is not False
+    return _KERNEL.available()
 
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
@@ -40,5 +37,5 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
         return logits.argmax(dim=-1)
     x = logits.contiguous()
     out = torch.empty(x.shape[0], dtype=torch.int64)
-    _lib.argmax_rows(x.data_ptr(), x.shape[0], x.shape[1], out.data_ptr())
+    _KERNEL.lib.argmax_rows(x.data_ptr(), x.shape[0], x.shape[1], out.data_ptr())
     return out

@@ -28,15 +28,12 @@ _KERNEL = cbuild.Kernel(
     "cpu_attention", label="CPU attention kernel", switch="IZH_CPU_ATTENTION",
     signatures={"paged_decode": (None, [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6
                                  + [ctypes.c_float])})
-_lib: ctypes.CDLL | bool | None = None  # None: not tried yet; False: unavailable
 
 
 def available() -> bool:
     """Whether the kernel is built (compiling it on the first ask); False with
     ``IZH_CPU_ATTENTION=0`` or no compiler."""
-    global _lib
-    _lib = _KERNEL.load() if _lib is None else _lib
-    return _lib is not False
+    return _KERNEL.available()
 
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -50,7 +47,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     out = torch.empty_like(q)
     b, h_q, d = q.shape
     _, bs, h_kv, _ = k_cache.shape
-    _lib.paged_decode(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
-                      context_lens.data_ptr(), out.data_ptr(), b, h_q, h_kv, d, bs,
-                      tables.shape[1], scale)
+    _KERNEL.lib.paged_decode(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+                             tables.data_ptr(), context_lens.data_ptr(), out.data_ptr(), b,
+                             h_q, h_kv, d, bs, tables.shape[1], scale)
     return out

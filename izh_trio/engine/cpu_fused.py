@@ -40,15 +40,12 @@ _KERNEL = cbuild.Kernel(
                 "add_rms_norm": (None, [_P, _P, _P, _F, _P, _P, _I, _I]),
                 "rms_norm": (None, [_P, _P, _F, _P, _I, _I])},
     extra_flags=("-ffp-contract=off",))
-_lib: ctypes.CDLL | bool | None = None  # None: not tried yet; False: unavailable
 
 
 def available() -> bool:
     """Whether the kernels are built (compiling them on the first ask); False with
     ``IZH_CPU_FUSED=0`` or no compiler."""
-    global _lib
-    _lib = _KERNEL.load() if _lib is None else _lib
-    return _lib is not False
+    return _KERNEL.available()
 
 
 def _check(x: torch.Tensor) -> None:
@@ -63,7 +60,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     assert x.is_contiguous() and weight.is_contiguous() and weight.dtype == torch.float32
     out = torch.empty_like(x)
     n = x.shape[-1]
-    _lib.rms_norm(x.data_ptr(), weight.data_ptr(), eps, out.data_ptr(), x.numel() // n, n)
+    _KERNEL.lib.rms_norm(x.data_ptr(), weight.data_ptr(), eps, out.data_ptr(), x.numel() // n, n)
     return out
 
 
@@ -76,8 +73,8 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     assert x.shape == residual.shape and residual.dtype == weight.dtype == torch.float32
     h, out = torch.empty_like(x), torch.empty_like(x)
     n = x.shape[-1]
-    _lib.add_rms_norm(x.data_ptr(), residual.data_ptr(), weight.data_ptr(), eps, h.data_ptr(),
-                      out.data_ptr(), x.numel() // n, n)
+    _KERNEL.lib.add_rms_norm(x.data_ptr(), residual.data_ptr(), weight.data_ptr(), eps,
+                             h.data_ptr(), out.data_ptr(), x.numel() // n, n)
     return h, out
 
 
@@ -105,7 +102,7 @@ def qk_norm_rope_store(
         == v_cache.dtype == torch.float32
     q = torch.empty(t, num_heads, d, dtype=torch.float32)
     k = torch.empty(t, num_kv_heads, d, dtype=torch.float32)
-    bad = _lib.qk_norm_rope_store(
+    bad = _KERNEL.lib.qk_norm_rope_store(
         qkv.data_ptr(), q_norm.data_ptr(), k_norm.data_ptr(), eps, cos.data_ptr(),
         sin.data_ptr(), slot_mapping.data_ptr(), q.data_ptr(), k.data_ptr(),
         k_cache.data_ptr(), v_cache.data_ptr(), t, num_heads, num_kv_heads, d, slots)

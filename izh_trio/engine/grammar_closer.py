@@ -59,7 +59,8 @@ class GrammarCloser:
         self._byte_of = {t: b for b, t in byte_token.items()}
         self._byte_token = byte_token
         quote = byte_token.get(ord('"'))
-        self._string_first = [quote, *(t for t in self._orders[0] if t != quote)]
+        self._string_first = [*([] if quote is None else [quote]),
+                              *(t for t in self._orders[0] if t != quote)]
         self._space = byte_token.get(ord(" "))
         #: The eos token a path ends with when its grammar could go on.
         self.eos = tokenizer.eos_token

@@ -92,10 +92,10 @@ class Sampler:
         rows = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
         if not rows:
             return out
-        k = max(seqs[i].params.logprobs for i in rows)
+        k = max(seqs[i].params.logprobs or 0 for i in rows)
         raw = logits[rows].log_softmax(dim=-1)
         for i, entry in zip(rows, token_logprobs(raw, tokens[rows], k), strict=True):
-            want = seqs[i].params.logprobs
+            want = seqs[i].params.logprobs or 0
             out[i] = attrs.evolve(entry, top_ids=entry.top_ids[:want],
                                   top_logprobs=entry.top_logprobs[:want])
         return out

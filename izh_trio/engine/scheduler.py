@@ -125,6 +125,7 @@ class Scheduler:
                 break
             self.waiting.pop(0)
             if seq.lora_id is not None:
+                assert self.loras is not None, "a LoRA request reached an engine without LoRA"
                 seq.lora_slot = self.loras.acquire(seq.lora_id)
             if not seq.num_output_tokens:
                 # Prompt tokens served from the cache. Not after a preemption: the hits then
@@ -169,6 +170,7 @@ class Scheduler:
 
     def _unpin(self, seq: Sequence) -> None:
         if seq.lora_slot is not None:
+            assert self.loras is not None and seq.lora_id is not None
             self.loras.release(seq.lora_id)
             seq.lora_slot = None
 

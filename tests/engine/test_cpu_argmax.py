@@ -28,7 +28,7 @@ def kernel_path(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
         lib.argmax_rows.restype = None
         lib.argmax_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                                     ctypes.c_void_p]
-        monkeypatch.setattr(cpu_argmax, "_lib", lib)
+        monkeypatch.setattr(cpu_argmax._KERNEL, "_lib", lib)
     return request.param
 
 

@@ -75,7 +75,7 @@ def kernel_path(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
                 monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """Runs a test with the engine's build, then with the source built without AVX-512."""
     if request.param == "portable":
-        monkeypatch.setattr(cpu_attention, "_lib", _portable_lib(tmp_path_factory))
+        monkeypatch.setattr(cpu_attention._KERNEL, "_lib", _portable_lib(tmp_path_factory))
     yield request.param
 
 
@@ -176,7 +176,7 @@ def test_engine_step_is_the_same_with_and_without_the_kernel(monkeypatch: pytest
     assert kernel.name == "cpu"
     in_place = kernel.build_metadata(step, cpu, 2).paged_attention(q, kv, kv, k_cache, v_cache,
                                                                     0.25)
-    monkeypatch.setattr(cpu_attention, "_lib", False)
+    monkeypatch.setattr(cpu_attention._KERNEL, "_lib", False)
     assert get_backend("auto", cpu, torch.float32) is TORCH_BACKEND
     slow = TORCH_BACKEND.build_metadata(step, cpu, 2)
     torch.testing.assert_close(in_place, slow.paged_attention(q, kv, kv, k_cache, v_cache, 0.25),

@@ -120,7 +120,7 @@ def test_falls_back_to_torch(why: str, monkeypatch: pytest.MonkeyPatch) -> None:
     want_qk = cpu_fused.qk_norm_rope_store(qkv, 4, 2, w, w, EPS, cos, sin, k_cache.clone(),
                                            v_cache.clone(), slots)
     if why == "no library":
-        monkeypatch.setattr(cpu_fused, "_lib", False)
+        monkeypatch.setattr(cpu_fused._KERNEL, "_lib", False)
     dtype = torch.float64 if why == "float64" else torch.float32
 
     def cast(t: torch.Tensor) -> torch.Tensor:
@@ -183,7 +183,7 @@ def test_engine_logits_same_with_and_without_kernels(tiny_dir: Path,
 
     fused, with_kernels = run()
     assert fused
-    monkeypatch.setattr(cpu_fused, "_lib", False)
+    monkeypatch.setattr(cpu_fused._KERNEL, "_lib", False)
     fused, with_torch = run()
     assert not fused and len(with_torch) == len(with_kernels)
     for a, b in zip(with_kernels, with_torch, strict=True):
