@@ -66,14 +66,9 @@ class EngineCore:
         cfg = self.runner.model_config
         return Ready(
             max_model_len=self.max_model_len,
-            num_blocks=self.runner.num_blocks,
-            block_size=self.config.block_size,
-            max_num_seqs=self.config.max_num_seqs,
             model=ModelInfo(
-                architecture=cfg.architecture,
                 vocab_size=cfg.vocab_size,
                 dtype=str(self.runner.dtype).removeprefix("torch."),
-                device=str(self.runner.device),
                 eos_token_ids=cfg.eos_token_ids,
             ),
         )
@@ -247,8 +242,8 @@ class EngineCore:
 class ThreadPlan:
     """Torch threads per step. On CPU a decode step leaves one core to the HTTP frontend,
     which streams every token it makes; a step that is mostly new prompts (a burst of
-    arrivals, when there is little to stream) takes every core: on 2 cores a 32-prompt burst
-    prefills in ~22 ms instead of ~40. ``num_threads`` set by hand fixes both."""
+    arrivals, when there is little to stream) takes every core, and prefills sooner
+    (``tools/bench/results/cpu-kernels.md``). ``num_threads`` set by hand fixes both."""
 
     decode: int
     prefill: int

@@ -109,9 +109,6 @@ class GuidedDecoding:
         self._need.pop(request_id, None)
         self._staged.pop(request_id, None)
 
-    def __contains__(self, request_id: str) -> bool:
-        return request_id in self._matchers
-
     def mask(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """Set every grammar-forbidden logit to -inf (on a copy, when any row is guided)."""
         rows = [i for i, s in enumerate(seqs) if s.request_id in self._matchers]

@@ -1,23 +1,24 @@
-"""The frontend's handle on the engine core process.
+"""The frontend's side of the engine protocol, over any pair of trio byte streams.
 
 One reader task fans the core's frames out to per-request buffers; one writer task owns the
-pipe towards the core. Every request lives inside ``async with client.open_stream(...)``:
+stream towards the core. Every request lives inside ``async with client.open_stream(...)``:
 leaving that block for any reason, cancellation included, queues an ``Abort`` with
 ``send_nowait`` (no ``await``, so a cancel can never skip it) unless the core already said the
 request finished. That is the whole of the "a disconnect frees KV blocks" guarantee.
+
+What the core may send depends on the client's state: only ``Ready`` (or ``Fatal``) while
+starting, never a second ``Ready``, nothing for a request after it said the request ended.
+Anything else is a protocol error, which fails the client. Outputs for a request id with no
+open stream are not: the core may still be running a request whose stream was left, until it
+reads the ``Abort`` (nothing tells the client when it has).
 """
 
 from __future__ import annotations
 
 import contextlib
 import enum
-import json
 import logging
 import math
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -28,7 +29,6 @@ from izh_trio.frontend.request_stream import Notifier, RequestStream
 from izh_trio.wire import (
     Abort,
     AddRequest,
-    EngineConfig,
     Fatal,
     FrameDecoder,
     LoadLora,
@@ -44,13 +44,12 @@ from izh_trio.wire import (
     UnloadLora,
     encode_frame,
 )
-from izh_trio.wire.codec import converter
 
 log = logging.getLogger(__name__)
 
 
 class ClientState(enum.Enum):
-    """STARTING -> READY -> (FAILED | CLOSED); STARTING -> FAILED when the core can't load."""
+    """STARTING -> READY -> (FAILED | CLOSED); STARTING -> (FAILED | CLOSED) too."""
 
     STARTING = "starting"
     READY = "ready"
@@ -58,30 +57,30 @@ class ClientState(enum.Enum):
     CLOSED = "closed"
 
 
+_NEXT: dict[ClientState, frozenset[ClientState]] = {
+    ClientState.STARTING: frozenset({ClientState.READY, ClientState.FAILED,
+                                     ClientState.CLOSED}),
+    ClientState.READY: frozenset({ClientState.FAILED, ClientState.CLOSED}),
+    ClientState.FAILED: frozenset(),
+    ClientState.CLOSED: frozenset(),
+}
+
+
 class EngineUnavailable(Exception):
     """The core is not (or no longer) able to take requests."""
 
 
-@attrs.define
+@attrs.frozen
 class ClientStatistics:
     state: ClientState
-    streams_open: int
+    #: The core's latest report; None until its first.
     stats: Stats | None
 
 
 class EngineClient:
-    def __init__(
-        self,
-        config: EngineConfig,
-        *,
-        startup_timeout: float = 600.0,
-        shutdown_timeout: float = 10.0,
-        max_buffered_tokens: int = 1 << 16,
-        stream_interval: int = 1,
-    ) -> None:
-        self.config = config
+    def __init__(self, *, startup_timeout: float = 600.0, max_buffered_tokens: int = 1 << 16,
+                 stream_interval: int = 1) -> None:
         self.startup_timeout = startup_timeout
-        self.shutdown_timeout = shutdown_timeout
         self.max_buffered_tokens = max_buffered_tokens
         self.stream_interval = stream_interval
         self.state = ClientState.STARTING
@@ -92,32 +91,15 @@ class EngineClient:
         #: LoRA updates awaiting the core's answer: op id -> (done, [its error, or None]).
         self._lora_ops: dict[str, tuple[trio.Event, list[str | EngineUnavailable | None]]] = {}
         self._to_core_send, self._to_core_recv = trio.open_memory_channel[ToCore](math.inf)
-        self._started = trio.Event()
-        self._process: trio.Process | None = None
+        self._started = trio.Event()  # set on leaving STARTING
         self._scope: trio.CancelScope | None = None
 
     # ------------------------------------------------------------------ lifecycle
-    async def run(self, *, task_status: trio.TaskStatus[EngineClient] = trio.TASK_STATUS_IGNORED
+    async def run(self, to_core: trio.abc.SendStream, from_core: trio.abc.ReceiveStream, *,
+                  task_status: trio.TaskStatus[EngineClient] = trio.TASK_STATUS_IGNORED
                   ) -> None:
-        """Spawn the core, wait for Ready, then serve until closed or the core dies."""
-        child_in, parent_out = os.pipe()
-        parent_in, child_out = os.pipe()
-        cmd = [sys.executable, "-m", "izh_trio.engine", "--in-fd", str(child_in),
-               "--out-fd", str(child_out),
-               "--config", json.dumps(converter.unstructure(self.config))]
-        try:
-            # A process group of its own: a terminal's Ctrl-C (sent to the foreground group)
-            # reaches only the server, which drains before it stops the core; had it reached
-            # the core while Python was still starting, before the core could ignore it,
-            # the core would die with a fatal error mid-start.
-            self._process = await trio.lowlevel.open_process(
-                cmd, pass_fds=(child_in, child_out), stdin=subprocess.DEVNULL, process_group=0
-            )
-        finally:
-            os.close(child_in)
-            os.close(child_out)
-        to_core = trio.lowlevel.FdStream(parent_out)
-        from_core = trio.lowlevel.FdStream(parent_in)
+        """Wait for Ready, then serve until closed or the core fails; closes both streams.
+        Started (with this client) once ready; raises :class:`EngineUnavailable` if never."""
         started = False
         try:
             async with trio.open_nursery() as nursery:
@@ -130,45 +112,36 @@ class EngineClient:
                     started = True
                     task_status.started(self)
                 else:
-                    self._fail(self.failure or "the engine core did not start in time")
-        except Exception as exc:  # a bug in a pipe task: nothing this client says is trusted
+                    self._fail("the engine core did not start in time")
+        except Exception as exc:  # a bug in a stream task: nothing this client says is trusted
             log.exception("engine client task failed")
             self._fail(f"engine client error: {exc!r}")
-        finally:
-            with trio.CancelScope(shield=True):
-                await self._reap()
         if not started:
-            raise EngineUnavailable(self.failure)
+            raise EngineUnavailable(self.failure or f"the engine is {self.state.value}")
 
     def close(self) -> None:
-        """Ask the core to stop; ``run`` returns once it has exited."""
+        """Ask the core to stop; ``run`` returns once it has closed its stream."""
         if self.state in (ClientState.STARTING, ClientState.READY):
-            self.state = ClientState.CLOSED
+            self._transition(ClientState.CLOSED)
             self._queue(Shutdown())
             self._to_core_send.close()
             self._fail_streams("the server is shutting down")
 
-    async def _reap(self) -> None:
-        proc = self._process
-        if proc is None:
-            return
-        with trio.move_on_after(self.shutdown_timeout):
-            await proc.wait()
-        if proc.returncode is None:
-            log.warning("engine core did not exit in %.0fs; killing it", self.shutdown_timeout)
-            proc.send_signal(signal.SIGKILL)
-            await proc.wait()
+    def _transition(self, new: ClientState) -> None:
+        if new not in _NEXT[self.state]:
+            raise RuntimeError(f"engine client: no transition {self.state.value} -> {new.value}")
+        self.state = new
+        self._started.set()
 
     def _fail(self, message: str) -> None:
         if self.state in (ClientState.FAILED, ClientState.CLOSED):
             return
         log.error("engine core failed: %s", message)
-        self.state = ClientState.FAILED
+        self._transition(ClientState.FAILED)
         self.failure = message
         self._to_core_send.close()
-        self._started.set()
         self._fail_streams(message)
-        if self._scope is not None:  # stop the pipe tasks: closing the pipe ends the core
+        if self._scope is not None:  # stop the stream tasks: closing the pipe ends the core
             self._scope.cancel()
 
     def _fail_streams(self, message: str) -> None:
@@ -183,15 +156,15 @@ class EngineClient:
         return self.state is ClientState.READY
 
     def statistics(self) -> ClientStatistics:
-        return ClientStatistics(self.state, len(self._streams), self.stats)
+        return ClientStatistics(self.state, self.stats)
 
-    # ------------------------------------------------------------------ pipe tasks
+    # ------------------------------------------------------------------ stream tasks
     def _queue(self, msg: ToCore) -> None:
         # A closed channel means the core is gone: there is nothing left to tell it.
         with contextlib.suppress(trio.ClosedResourceError):
             self._to_core_send.send_nowait(msg)
 
-    async def _write_loop(self, stream: trio.lowlevel.FdStream) -> None:
+    async def _write_loop(self, stream: trio.abc.SendStream) -> None:
         async with stream, self._to_core_recv:
             async for first in self._to_core_recv:
                 batch = [first]
@@ -211,7 +184,7 @@ class EngineClient:
                     self._fail("the engine core's pipe closed")
                     return
 
-    async def _read_loop(self, stream: trio.lowlevel.FdStream) -> None:
+    async def _read_loop(self, stream: trio.abc.ReceiveStream) -> None:
         decoder = FrameDecoder()
         async with stream:
             while True:
@@ -220,46 +193,46 @@ class EngineClient:
                 except trio.BrokenResourceError:
                     data = b""
                 if not data:
-                    self._fail(self.failure or "the engine core exited unexpectedly")
+                    self._fail("the engine core exited unexpectedly")
                     return
                 try:
-                    messages = decoder.feed(data)
+                    for msg in decoder.feed(data):
+                        self._dispatch(msg)
                 except ProtocolError as exc:
                     self._fail(f"protocol error from the engine core: {exc}")
                     return
-                for msg in messages:
-                    self._dispatch(msg)
 
     def _dispatch(self, msg: object) -> None:
-        if isinstance(msg, StepOutputs):
+        if self.state is ClientState.STARTING:
+            if isinstance(msg, Ready):
+                self.ready = msg
+                self._transition(ClientState.READY)
+            elif isinstance(msg, Fatal):
+                self._fail(msg.message)
+            else:
+                raise ProtocolError(f"{type(msg).__name__} before Ready")
+        elif self.state is not ClientState.READY:
+            return  # failed, or closed: the core's last words find no listener
+        elif isinstance(msg, StepOutputs):
             for out in msg.outputs:
                 stream = self._streams.get(out.request_id)
-                if stream is not None:
+                if stream is not None:  # else left already (see the module's docstring)
                     stream.push(out)
         elif isinstance(msg, Stats):
             self.stats = msg
         elif isinstance(msg, RequestFailed):
             stream = self._streams.get(msg.request_id)
             if stream is not None:
-                if msg.rejected:
-                    stream.reject(msg.message)
-                else:
-                    stream.done_in_core = True
-                    stream.fail(msg.message)
-        elif isinstance(msg, Ready):
-            self.ready = msg
-            if self.state is ClientState.STARTING:
-                self.state = ClientState.READY
-            self._started.set()
+                stream.failed_in_core(msg.message, rejected=msg.rejected)
         elif isinstance(msg, LoraUpdated):
             op = self._lora_ops.get(msg.op_id)
-            if op is not None:
+            if op is not None:  # else its waiter was cancelled
                 op[1].append(msg.error)
                 op[0].set()
         elif isinstance(msg, Fatal):
             self._fail(msg.message)
         else:
-            self._fail(f"unexpected message from the engine core: {msg!r:.200}")
+            raise ProtocolError(f"unexpected {type(msg).__name__} from a ready engine core")
 
     # ------------------------------------------------------------------ requests
     @asynccontextmanager
@@ -274,8 +247,7 @@ class EngineClient:
         lora_name: str | None = None,
         notifier: Notifier | None = None,
     ) -> AsyncIterator[RequestStream]:
-        if self.state is not ClientState.READY:
-            raise EngineUnavailable(self.failure or f"the engine is {self.state.value}")
+        self._check_ready()
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in flight")
         add = AddRequest(request_id, prompt_token_ids, params, priority, cache_salt, lora_name)
@@ -298,8 +270,7 @@ class EngineClient:
 
     async def update_lora(self, op: LoadLora | UnloadLora) -> str | None:
         """Send a LoRA load or unload; the core's error, or None once it is done."""
-        if self.state is not ClientState.READY:
-            raise EngineUnavailable(self.failure or f"the engine is {self.state.value}")
+        self._check_ready()
         done, result = self._lora_ops[op.op_id] = (trio.Event(), [])
         try:
             self._queue(op)
@@ -310,13 +281,6 @@ class EngineClient:
             raise result[0]
         return result[0]
 
-    async def wait_idle(self, timeout: float) -> Stats | None:
-        """Poll until the core reports nothing running and no KV in use (tests, drain)."""
-        with trio.move_on_after(timeout):
-            while True:
-                s = self.stats
-                if s is not None and not self._streams and s.num_running == 0 \
-                        and s.num_waiting == 0 and s.kv_cache_usage == 0.0:
-                    return s
-                await trio.sleep(0.01)
-        return self.stats
+    def _check_ready(self) -> None:
+        if self.state is not ClientState.READY:
+            raise EngineUnavailable(self.failure or f"the engine is {self.state.value}")

@@ -16,7 +16,8 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from izh_trio.wire import Stats
+from izh_trio.frontend.admission import AdmissionStatistics
+from izh_trio.frontend.engine_client import ClientState, ClientStatistics
 
 disable_created_metrics()  # the *_created series only add noise to every scrape
 
@@ -24,17 +25,23 @@ _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 
                     2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0)
 
 
-class _EngineCollector(Collector):
-    """Gauges read from the core's latest Stats at scrape time: no per-step bookkeeping."""
+#: The engine client's statistics (None before the first client), and admission's.
+EngineStatistics = Callable[[], ClientStatistics | None]
+AdmissionStatisticsSource = Callable[[], AdmissionStatistics]
 
-    def __init__(self, get_stats: Callable[[], Stats | None], healthy: Callable[[], bool],
-                 in_flight: Callable[[], int]):
-        self._get_stats = get_stats
-        self._healthy = healthy
-        self._in_flight = in_flight
+
+class _EngineCollector(Collector):
+    """Gauges read from the ``statistics()`` of the engine client (the core's latest Stats)
+    and of admission at scrape time: no per-step bookkeeping."""
+
+    def __init__(self, engine: EngineStatistics, admission: AdmissionStatisticsSource):
+        self._engine = engine
+        self._admission = admission
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        s = self._get_stats()
+        engine = self._engine()
+        s = engine.stats if engine is not None else None
+        healthy = engine is not None and engine.state is ClientState.READY
         yield GaugeMetricFamily("izh:num_requests_running", "Requests in the running batch.",
                                 value=s.num_running if s else 0)
         yield GaugeMetricFamily("izh:num_requests_waiting", "Requests waiting to run.",
@@ -59,16 +66,15 @@ class _EngineCollector(Collector):
                                 value=hits / queries if queries else 0.0)
         yield GaugeMetricFamily("izh:num_requests_in_flight",
                                 "HTTP generations admitted and not yet finished.",
-                                value=self._in_flight())
+                                value=self._admission().in_flight)
         yield GaugeMetricFamily("izh:engine_healthy", "1 while the engine core serves.",
-                                value=1.0 if self._healthy() else 0.0)
+                                value=1.0 if healthy else 0.0)
 
 
 class Metrics:
-    def __init__(self, get_stats: Callable[[], Stats | None], healthy: Callable[[], bool],
-                 in_flight: Callable[[], int]):
+    def __init__(self, engine: EngineStatistics, admission: AdmissionStatisticsSource):
         self.registry = r = CollectorRegistry()
-        r.register(_EngineCollector(get_stats, healthy, in_flight))
+        r.register(_EngineCollector(engine, admission))
         # The HTTP process's own CPU, memory and garbage collections, as vLLM's /metrics has.
         for shared in (PROCESS_COLLECTOR, GC_COLLECTOR):
             r.register(shared)

@@ -8,16 +8,21 @@ route is woken for the first token, then once N tokens are waiting, and for the 
 larger SSE events for a server whose per-event cost is what limits it. Several streams (the
 ``n`` choices of one HTTP request) can share one :class:`Notifier`, so a single task waits
 on all of them without spawning any.
+
+A stream's :class:`StreamState` says who ended the request in the core: the core (its last
+output, or a failure), or the frontend (an abort, which the core may not have read yet). The
+core saying anything of a request it already ended is a protocol error.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 
 import attrs
 import trio
 
-from izh_trio.wire import FinishReason, RequestOutput, TokenLogprobs
+from izh_trio.wire import FinishReason, ProtocolError, RequestOutput, TokenLogprobs
 
 
 class EngineError(Exception):
@@ -26,6 +31,22 @@ class EngineError(Exception):
     def __init__(self, message: str, *, rejected: bool = False) -> None:
         super().__init__(message)
         self.rejected = rejected
+
+
+class StreamState(enum.Enum):
+    """RUNNING -> (FINISHED | ABORTED); ABORTED -> FINISHED when the core ended the request
+    before it read the abort."""
+
+    RUNNING = "running"
+    FINISHED = "finished"  # the core said so: no more news will come from it
+    ABORTED = "aborted"  # the frontend told the core to drop it
+
+
+_NEXT: dict[StreamState, frozenset[StreamState]] = {
+    StreamState.RUNNING: frozenset({StreamState.FINISHED, StreamState.ABORTED}),
+    StreamState.ABORTED: frozenset({StreamState.FINISHED}),
+    StreamState.FINISHED: frozenset(),
+}
 
 
 class Notifier:
@@ -70,11 +91,20 @@ class RequestStream:
         self._error: EngineError | None = None
         #: The consumer has taken the final delta (or the error).
         self.exhausted = False
-        #: True once the core reported the request finished, or was told to abort it.
-        self.done_in_core = False
+        self.state = StreamState.RUNNING
+
+    def _transition(self, new: StreamState) -> None:
+        # Only the core's messages can ask for a missing transition: abort() checks first.
+        if new not in _NEXT[self.state]:
+            raise ProtocolError(f"request {self.request_id!r}: {new.value} after the core "
+                                "ended it")
+        self.state = new
 
     # ---------------------------------------------------------------- reader side
     def push(self, out: RequestOutput) -> None:
+        if self.state is StreamState.FINISHED:
+            raise ProtocolError(f"request {self.request_id!r}: an output after the core "
+                                "ended it")
         p = self._pending
         p.token_ids.extend(out.new_token_ids)
         p.num_prompt_tokens = out.num_prompt_tokens
@@ -87,9 +117,9 @@ class RequestStream:
         if out.finish_reason is not None:
             p.finish_reason = out.finish_reason
             p.stop_token_id = out.stop_token_id
-            self.done_in_core = True
+            self._transition(StreamState.FINISHED)
         self._has_news = True
-        if len(p.token_ids) > self._max_buffered and not self.done_in_core:
+        if len(p.token_ids) > self._max_buffered and self.state is StreamState.RUNNING:
             self.fail(f"the client fell more than {self._max_buffered} tokens behind")
             self.abort()
         if self._due():
@@ -101,9 +131,10 @@ class RequestStream:
         return (not self._taken_any or len(p.token_ids) >= self._interval
                 or p.finish_reason is not None)
 
-    def reject(self, message: str) -> None:
-        self.done_in_core = True
-        self._set_error(EngineError(message, rejected=True))
+    def failed_in_core(self, message: str, *, rejected: bool) -> None:
+        """The core ended the request with an error: ``rejected`` at admission (bad input)."""
+        self._transition(StreamState.FINISHED)
+        self._set_error(EngineError(message, rejected=rejected))
 
     def fail(self, message: str) -> None:
         self._set_error(EngineError(message))
@@ -116,8 +147,8 @@ class RequestStream:
     # ---------------------------------------------------------------- route side
     def abort(self) -> None:
         """Tell the core to drop the request now (a stop string, a client gone); idempotent."""
-        if not self.done_in_core:
-            self.done_in_core = True
+        if self.state is StreamState.RUNNING:
+            self._transition(StreamState.ABORTED)
             self._abort()
 
     def take_nowait(self, *, held: bool = False) -> Delta | None:

@@ -17,7 +17,13 @@ import trio
 
 from izh_trio.frontend import heap
 from izh_trio.frontend.admission import Admission
-from izh_trio.frontend.engine_client import ClientState, EngineClient, EngineUnavailable
+from izh_trio.frontend.engine_client import (
+    ClientState,
+    ClientStatistics,
+    EngineClient,
+    EngineUnavailable,
+)
+from izh_trio.frontend.engine_process import run_core
 from izh_trio.frontend.errors import innermost_message
 from izh_trio.frontend.generation import GenerationContext, Registry
 from izh_trio.frontend.grammar_pool import GrammarPool, WorkerSpec
@@ -27,7 +33,7 @@ from izh_trio.frontend.offload import Offload
 from izh_trio.frontend.prompt_size import PromptSize
 from izh_trio.frontend.settings import Settings
 from izh_trio.frontend.tokenizer import ModelTokenizer
-from izh_trio.wire import Ready, Stats
+from izh_trio.wire import Ready
 
 log = logging.getLogger(__name__)
 
@@ -47,13 +53,22 @@ class StartupError(Exception):
 
 
 class ServerState(enum.Enum):
-    """CREATED -> STARTING -> SERVING -> DRAINING -> STOPPED."""
+    """CREATED -> STARTING -> SERVING -> DRAINING -> STOPPED; any but STOPPED -> STOPPED."""
 
     CREATED = "created"
     STARTING = "starting"
     SERVING = "serving"
     DRAINING = "draining"
     STOPPED = "stopped"
+
+
+_NEXT: dict[ServerState, frozenset[ServerState]] = {
+    ServerState.CREATED: frozenset({ServerState.STARTING, ServerState.STOPPED}),
+    ServerState.STARTING: frozenset({ServerState.SERVING, ServerState.STOPPED}),
+    ServerState.SERVING: frozenset({ServerState.DRAINING, ServerState.STOPPED}),
+    ServerState.DRAINING: frozenset({ServerState.STOPPED}),
+    ServerState.STOPPED: frozenset(),
+}
 
 
 class Server:
@@ -65,7 +80,7 @@ class Server:
         self._tokenizer: ModelTokenizer | None = None
         self.client: EngineClient | None = None
         self.admission = Admission(settings.max_pending)
-        self.metrics = Metrics(self._stats, self.healthy, lambda: self.admission.in_flight)
+        self.metrics = Metrics(self._engine_statistics, self.admission.statistics)
         self.limiter = RateLimiter(settings.rate_limit_tokens_per_minute)
         self.api_keys = settings.all_api_keys()
         self.generations = Registry()  # open now: the drain fails what is left of them
@@ -85,7 +100,7 @@ class Server:
     async def start(self, nursery: trio.Nursery) -> None:
         """Build or find the model, load the tokenizer, spawn the core and wait for Ready;
         any failure is a :class:`StartupError` (its cause logged at DEBUG)."""
-        self.state = ServerState.STARTING
+        self._transition(ServerState.STARTING)
         try:
             await self._start(nursery)
         except Exception as exc:
@@ -108,7 +123,7 @@ class Server:
         gc.freeze()
         threshold, *older = gc.get_threshold()
         gc.set_threshold(max(threshold, GC_FIRST_THRESHOLD), *older)
-        self.state = ServerState.SERVING
+        self._transition(ServerState.SERVING)
         log.info("serving %s from %s (max_model_len %d)", self.model_name, self.model_dir,
                  self.ready.max_model_len)
 
@@ -121,13 +136,13 @@ class Server:
             while True:
                 # The adapters loaded now: a respawned core keeps the runtime-loaded ones.
                 config = self.settings.engine_config(self.model_dir, tuple(self.loras.items()))
-                client = EngineClient(config, startup_timeout=self.settings.startup_timeout,
+                client = EngineClient(startup_timeout=self.settings.startup_timeout,
                                       max_buffered_tokens=self.settings.max_stream_buffer_tokens,
                                       stream_interval=self.settings.stream_interval)
                 self.client = client
                 async with trio.open_nursery() as nursery:
                     try:
-                        await nursery.start(client.run)
+                        await nursery.start(run_core, config, client)
                     except EngineUnavailable:
                         if not started:
                             raise  # a first start that fails fails the server's startup
@@ -155,23 +170,27 @@ class Server:
         """Stop taking requests, let in-flight ones finish for ``timeout`` s, fail the rest."""
         if self.state is not ServerState.SERVING:
             return
-        self.state = ServerState.DRAINING
+        self._transition(ServerState.DRAINING)
         log.info("draining: %d requests in flight, %.0fs to finish", self.admission.in_flight,
                  timeout)
         with trio.move_on_after(timeout):
-            while self.admission.in_flight:
-                await trio.sleep(0.05)
+            await self.admission.wait_empty()
         self.generations.abort_all("the server is shutting down")
         with trio.move_on_after(2.0):  # let the aborted ones write their error events
-            while self.admission.in_flight:
-                await trio.sleep(0.02)
+            await self.admission.wait_empty()
 
     async def stop(self) -> None:
-        self.state = ServerState.STOPPED
+        if self.state is not ServerState.STOPPED:
+            self._transition(ServerState.STOPPED)
         await self.grammars.aclose()
         if self.client is not None:
             self.client.close()
         await self._supervisor_done.wait()
+
+    def _transition(self, new: ServerState) -> None:
+        if new not in _NEXT[self.state]:
+            raise RuntimeError(f"server: no transition {self.state.value} -> {new.value}")
+        self.state = new
 
     # ------------------------------------------------------------------ views
     @property
@@ -203,5 +222,5 @@ class Server:
     def serving(self) -> bool:
         return self.state is ServerState.SERVING and self.healthy()
 
-    def _stats(self) -> Stats | None:
-        return self.client.stats if self.client is not None else None
+    def _engine_statistics(self) -> ClientStatistics | None:
+        return self.client.statistics() if self.client is not None else None

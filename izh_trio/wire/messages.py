@@ -10,6 +10,8 @@ import enum
 import attrs
 from attrs import validators as v
 
+from izh_trio.wire.log_format import FORMATS as LOG_FORMATS
+from izh_trio.wire.options import ATTENTION_BACKENDS, CUDA_GRAPHS_MODES, DTYPES, check_lora_names
 from izh_trio.wire.sampling import SamplingParams
 
 
@@ -31,19 +33,15 @@ class EngineConfig:
     #: Explicit block count; when None it is derived from ``kv_cache_bytes``.
     num_kv_blocks: int | None = attrs.field(default=None, validator=v.optional(v.ge(1)))
     kv_cache_bytes: int = attrs.field(default=1 << 30, validator=v.ge(1))
-    dtype: str = attrs.field(
-        default="auto", validator=v.in_(("auto", "float32", "bfloat16", "float16"))
-    )
+    dtype: str = attrs.field(default="auto", validator=v.in_(DTYPES))
     device: str = "cpu"
     seed: int = 0
     #: Torch intra-op threads in the core; 0 leaves torch's default.
     num_threads: int = attrs.field(default=0, validator=v.ge(0))
     #: Paged attention: ``triton`` kernels or plain ``torch``; ``auto`` = triton on CUDA only.
-    attention_backend: str = attrs.field(
-        default="auto", validator=v.in_(("auto", "torch", "triton"))
-    )
+    attention_backend: str = attrs.field(default="auto", validator=v.in_(ATTENTION_BACKENDS))
     #: CUDA graphs for pure-decode steps (triton backend only); ``auto`` = on for CUDA.
-    cuda_graphs: str = attrs.field(default="auto", validator=v.in_(("auto", "on", "off")))
+    cuda_graphs: str = attrs.field(default="auto", validator=v.in_(CUDA_GRAPHS_MODES))
     #: On CUDA, the fraction of the GPU's memory the core may use: weights, activations and a
     #: KV cache sized to fill the rest (unless ``num_kv_blocks`` is given). ``kv_cache_bytes``
     #: sizes the cache only on the CPU.
@@ -51,7 +49,7 @@ class EngineConfig:
     #: LoRA adapters loaded at start: (name, PEFT adapter directory) pairs, names unique.
     lora_modules: tuple[tuple[str, str], ...] = attrs.field(
         default=(), converter=lambda pairs: tuple(tuple(p) for p in pairs),
-        validator=lambda _i, _a, pairs: _unique_names(pairs),
+        validator=lambda _i, _a, pairs: check_lora_names(pairs),
     )
     #: Adapters resident in the model's LoRA slots at once; None: one per adapter loaded at
     #: start (8 at most; never more than those without runtime updates), or 8 with runtime
@@ -62,13 +60,7 @@ class EngineConfig:
     #: Accept ``LoadLora`` / ``UnloadLora`` while serving.
     lora_runtime_updates: bool = False
     #: The core's log lines: ``text`` or ``json``, as the frontend's (``wire.log_format``).
-    log_format: str = attrs.field(default="text", validator=v.in_(("text", "json")))
-
-
-def _unique_names(pairs: tuple[tuple[str, str], ...]) -> None:
-    names = [p[0] for p in pairs]
-    if any(len(p) != 2 or not p[0] for p in pairs) or len(set(names)) != len(names):
-        raise ValueError(f"lora_modules must be (name, path) pairs with unique names: {pairs}")
+    log_format: str = attrs.field(default="text", validator=v.in_(LOG_FORMATS))
 
 
 # ---------------------------------------------------------------- frontend -> core
@@ -119,19 +111,16 @@ class UnloadLora:
 
 @attrs.frozen
 class ModelInfo:
-    architecture: str
+    """What the frontend needs of the model: token ranges, grammars, the fingerprint."""
+
     vocab_size: int
     dtype: str
-    device: str
     eos_token_ids: tuple[int, ...] = attrs.field(converter=tuple)
 
 
 @attrs.frozen
 class Ready:
     max_model_len: int
-    num_blocks: int
-    block_size: int
-    max_num_seqs: int
     model: ModelInfo
 
 

@@ -31,10 +31,19 @@ def _limited(tiny_dir: Path, states: int) -> GuidedDecoding:
                           limits=llguidance.LLParserLimits(max_lexer_states=states))
 
 
+def _steers(guided: GuidedDecoding, request_id: str) -> bool:
+    """``guided`` holds a grammar for ``request_id``: it masks that request's logits."""
+    seq = Sequence(request_id=request_id, token_ids=[1, 2, 3], stop_token_ids=frozenset({EOS}),
+                   params=SamplingParams())
+    logits = torch.zeros(1, VOCAB)
+    return guided.mask(logits, [seq]) is not logits
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_a_matcher_failing_mid_output_raises(tiny_dir: Path, seed: int) -> None:
     guided = _limited(tiny_dir, 200)
     assert guided.add("r", GROWING, 400) is None
+    assert _steers(guided, "r")
     seq = Sequence(request_id="r", token_ids=[1, 2, 3], stop_token_ids=frozenset({EOS}),
                    params=SamplingParams(max_tokens=400, grammar=GROWING))
     torch.manual_seed(seed)
@@ -57,7 +66,7 @@ def test_a_bound_hit_before_the_output_starts_is_an_admission_error(tiny_dir: Pa
     error = guided.add("r", grammar, 100)
     assert error is not None and error.startswith("the output constraint cannot be enforced")
     assert "\n" not in error  # the library's state dump stays inside
-    assert "r" not in guided
+    assert not _steers(guided, "r")
 
 
 def test_the_core_fails_that_request_alone_and_frees_it(tiny_dir: Path) -> None:
@@ -81,4 +90,4 @@ def test_the_core_fails_that_request_alone_and_frees_it(tiny_dir: Path) -> None:
     assert failures[0].message.startswith("the output constraint could not be enforced")
     assert finished["plain"].num_output_tokens == 40
     assert core.block_manager.usage == 0.0
-    assert "doomed" not in core.guided
+    assert not _steers(core.guided, "doomed")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import trio
 
-from izh_trio.frontend.request_stream import EngineError, Notifier, RequestStream
-from izh_trio.wire import FinishReason, RequestOutput
+from izh_trio.frontend.request_stream import EngineError, Notifier, RequestStream, StreamState
+from izh_trio.wire import FinishReason, ProtocolError, RequestOutput
 
 
 def _out(tokens: list[int], n_out: int, reason: FinishReason | None = None) -> RequestOutput:
@@ -64,7 +64,8 @@ async def test_one_notifier_wakes_a_waiter_for_any_stream(autojump_clock: trio.a
 
 async def test_a_rejection_is_raised_once() -> None:
     stream, aborts = _stream()
-    stream.reject("bad prompt")
+    stream.failed_in_core("bad prompt", rejected=True)
+    assert stream.state is StreamState.FINISHED
     with pytest.raises(EngineError) as err:
         await stream.__anext__()
     assert err.value.rejected
@@ -99,3 +100,28 @@ def test_held_tokens_are_taken_when_asked_for() -> None:
     stream.push(_out([3], 3))
     assert stream.take_nowait() is None  # 2 of 4: held
     assert stream.take_nowait(held=True).token_ids == [2, 3]  # a deadline passed
+
+
+def test_the_core_saying_anything_of_a_request_it_ended_is_a_protocol_error() -> None:
+    stream, aborts = _stream()
+    stream.push(_out([1], 1, FinishReason.STOP))
+    with pytest.raises(ProtocolError, match="an output after the core ended it"):
+        stream.push(_out([2], 2))
+    with pytest.raises(ProtocolError, match="finished after the core ended it"):
+        stream.failed_in_core("late", rejected=False)
+    stream.abort()
+    assert aborts == [] and stream.state is StreamState.FINISHED
+
+
+def test_an_aborted_stream_takes_what_the_core_sent_before_it_read_the_abort() -> None:
+    stream, aborts = _stream()
+    stream.push(_out([1], 1))
+    stream.abort()
+    stream.abort()
+    assert aborts == [1] and stream.state is StreamState.ABORTED
+    stream.push(_out([2], 2))  # the core had not read the abort yet
+    stream.push(_out([3], 3, FinishReason.LENGTH))  # and it ended the request first
+    assert stream.state is StreamState.FINISHED
+    assert stream.take_nowait().token_ids == [1, 2, 3]
+    with pytest.raises(ProtocolError):
+        stream.push(_out([4], 4))

@@ -49,10 +49,8 @@ sampling_params = st.builds(
 
 model_infos = st.builds(
     m.ModelInfo,
-    architecture=texts,
     vocab_size=counts,
     dtype=texts,
-    device=texts,
     eos_token_ids=token_ids,
 )
 
@@ -82,9 +80,6 @@ STRATEGIES: dict[type, st.SearchStrategy[Any]] = {
     m.Ready: st.builds(
         m.Ready,
         max_model_len=counts,
-        num_blocks=counts,
-        block_size=counts,
-        max_num_seqs=counts,
         model=model_infos,
     ),
     m.StepOutputs: st.builds(m.StepOutputs, outputs=st.lists(request_outputs, max_size=5)),
@@ -128,10 +123,7 @@ EXAMPLES: list[Any] = [
     m.Shutdown(),
     m.Ready(
         max_model_len=4096,
-        num_blocks=100,
-        block_size=16,
-        max_num_seqs=8,
-        model=m.ModelInfo("Qwen3ForCausalLM", 151936, "bfloat16", "cuda:0", (151643, 151645)),
+        model=m.ModelInfo(151936, "bfloat16", (151643, 151645)),
     ),
     m.StepOutputs(
         (

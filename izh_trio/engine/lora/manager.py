@@ -59,15 +59,8 @@ class LoraManager:
                  ", ".join(self._ids) or "none yet", num_slots, self.max_rank,
                  self.weights.nbytes / 2**20)
 
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(self._ids)
-
     def lookup(self, name: str) -> int | None:
         return self._ids.get(name)
-
-    def adapter(self, lora_id: int) -> LoraAdapter:
-        return self._adapters[lora_id]
 
     def _add(self, adapter: LoraAdapter) -> int:
         lora_id, self._next_id = self._next_id, self._next_id + 1
