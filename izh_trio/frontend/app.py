@@ -15,6 +15,7 @@ from izh_trio.frontend.access_log import with_access_log
 from izh_trio.frontend.auth import OPEN_PATHS, authorized, bearer_token, key_bytes
 from izh_trio.frontend.errors import APIError, error_body
 from izh_trio.frontend.request_scope import with_request_scope
+from izh_trio.frontend.responses.route import bp as responses_bp
 from izh_trio.frontend.routes import BLUEPRINTS
 from izh_trio.frontend.server import Server, StartupError
 from izh_trio.frontend.serving.intake import REQUEST_ID_HEADER
@@ -77,7 +78,7 @@ def create_app(settings: Settings) -> QuartTrio:
         log.exception("unhandled error in %s %s", request.method, request.path)
         return error_body(500, f"internal server error ({type(exc).__name__})"), 500
 
-    for bp in BLUEPRINTS:
+    for bp in (*BLUEPRINTS, responses_bp):
         app.register_blueprint(bp)
     app.asgi_app = with_access_log(  # type: ignore[method-assign]
         with_request_scope(_close_unless_body_read(_shield_last_send(app.asgi_app))))

@@ -1,4 +1,5 @@
-"""Server-sent events as OpenAI streams them: ``data: {json}\\n\\n`` ... ``data: [DONE]``."""
+"""Server-sent events as OpenAI streams them: ``data: {json}\\n\\n`` ... ``data: [DONE]``
+(chat, completions), or typed ``event:`` and ``data:`` lines (responses)."""
 
 from __future__ import annotations
 
@@ -18,3 +19,7 @@ def dumps(obj: Any) -> bytes:
 def event(obj: Any) -> bytes:
     return b"data: " + dumps(obj) + b"\n\n"
 
+
+def typed(kind: str, obj: Any) -> bytes:
+    """An event with an ``event:`` line naming its type, as the Responses API streams them."""
+    return b"event: " + kind.encode() + b"\ndata: " + dumps(obj) + b"\n\n"

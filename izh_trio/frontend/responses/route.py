@@ -1,0 +1,9 @@
+"""``POST /v1/responses``: the serving pipeline, with the Responses translator and output."""
+
+from __future__ import annotations
+
+from izh_trio.frontend.responses.request import ResponsesRequest
+from izh_trio.frontend.responses.translate import responses_job
+from izh_trio.frontend.serving.pipeline import generation_route
+
+bp = generation_route("responses", "/v1/responses", ResponsesRequest, responses_job)
