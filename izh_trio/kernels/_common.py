@@ -26,6 +26,20 @@ def check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
     check(k_cache.stride() == v_cache.stride(), "caches differ in strides")
 
 
+def check_query(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: str
+                ) -> tuple[int, int, int]:
+    """Caches as ``check_cache``; ``q`` ``[rows, H_q, D]`` on their device, in their dtype,
+    contiguous in D, with H_q a multiple of H_kv. Returns (block_size, H_kv, D)."""
+    check_cache(k_cache, v_cache)
+    _, page, h_kv, d = k_cache.shape
+    check(q.dim() == 3 and q.shape[2] == d, f"q must be [{rows}, H_q, {d}], got {tuple(q.shape)}")
+    check(q.dtype == k_cache.dtype, f"q is {q.dtype}, the caches {k_cache.dtype}")
+    check(q.stride(-1) == 1, "q must be contiguous in head_dim")
+    check(q.device == k_cache.device, "q is not on the caches' device")
+    check(q.shape[1] % h_kv == 0, f"H_q ({q.shape[1]}) must be a multiple of H_kv ({h_kv})")
+    return page, h_kv, d
+
+
 def check_index(t: torch.Tensor, name: str, dims: int, device: torch.device) -> None:
     check(t.dtype in INDEX_DTYPES, f"{name} must be int32 or int64, got {t.dtype}")
     check(t.dim() == dims, f"{name} must have {dims} dims, got {tuple(t.shape)}")

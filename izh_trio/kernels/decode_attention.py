@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from izh_trio.kernels._common import check, check_cache, check_index, dot_precision, next_pow2
+from izh_trio.kernels._common import check, check_index, check_query, dot_precision, next_pow2
 from izh_trio.kernels._tile import attend_tile
 
 LOG2E = math.log2(math.e)
@@ -130,14 +130,8 @@ def decode_attention(
 ) -> torch.Tensor:
     """q: [B, H_q, D]; caches [blocks, block_size, H_kv, D]; block_tables [B, max_blocks];
     context_lens [B] (tokens to attend, the new one included). Returns out [B, H_q, D]."""
-    check_cache(k_cache, v_cache)
-    _, page, h_kv, d = k_cache.shape
-    check(q.dim() == 3 and q.shape[2] == d, f"q must be [B, H_q, {d}], got {tuple(q.shape)}")
-    check(q.dtype == k_cache.dtype, f"q is {q.dtype}, the caches {k_cache.dtype}")
-    check(q.stride(-1) == 1, "q must be contiguous in head_dim")
-    check(q.device == k_cache.device, "q is not on the caches' device")
+    page, h_kv, d = check_query(q, k_cache, v_cache, "B")
     batch, h_q = q.shape[0], q.shape[1]
-    check(h_q % h_kv == 0, f"H_q ({h_q}) must be a multiple of H_kv ({h_kv})")
     check_index(block_tables, "block_tables", 2, q.device)
     check_index(context_lens, "context_lens", 1, q.device)
     check(block_tables.shape[0] == batch and context_lens.shape[0] == batch,
