@@ -88,11 +88,12 @@ class EngineCore:
         stop = set(req.params.stop_token_ids)
         if not req.params.ignore_eos:
             stop |= self.eos_token_ids
-        lora_id = None
-        if req.lora_name is not None:
-            lora_id = self.runner.lora.lookup(req.lora_name)
-            self.runner.lora.retain(lora_id)
-            self._lora_of[req.request_id] = lora_id
+        lora, lora_id = self.runner.lora, None
+        if req.lora_name is not None and lora is not None:
+            lora_id = lora.lookup(req.lora_name)  # _validate found it loaded
+            if lora_id is not None:
+                lora.retain(lora_id)
+                self._lora_of[req.request_id] = lora_id
         self.scheduler.add(Sequence(
             request_id=req.request_id,
             token_ids=list(req.prompt_token_ids),
@@ -145,9 +146,9 @@ class EngineCore:
     def _forget(self, request_id: str) -> None:
         self.sampler.forget(request_id)
         self.guided.forget(request_id)
-        lora_id = self._lora_of.pop(request_id, None)
-        if lora_id is not None:
-            self.runner.lora.release(lora_id)
+        lora, lora_id = self.runner.lora, self._lora_of.pop(request_id, None)
+        if lora is not None and lora_id is not None:
+            lora.release(lora_id)
 
     def step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule()
@@ -217,12 +218,13 @@ class EngineCore:
 
     def _score_prompt(self, seq: Sequence, logits: torch.Tensor) -> None:
         """Logprobs of the prompt tokens this chunk's logits predict (called before advance)."""
+        k = seq.params.prompt_logprobs
+        assert k is not None  # the runner keeps prompt logits only for requests that ask
         start = seq.num_computed_tokens  # row i predicts the token at start + i + 1
         targets = torch.tensor(seq.token_ids[start + 1 : start + 1 + logits.shape[0]],
                                device=logits.device)
         del seq.prompt_logprobs[start:]  # a chunk recomputed after preemption replaces its own
-        seq.prompt_logprobs += token_logprobs(logits.log_softmax(dim=-1), targets,
-                                              seq.params.prompt_logprobs)
+        seq.prompt_logprobs += token_logprobs(logits.log_softmax(dim=-1), targets, k)
 
     def stats(self) -> Stats:
         return Stats(

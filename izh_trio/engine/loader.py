@@ -82,10 +82,11 @@ def config_json(model_dir: Path) -> dict[str, Any]:
     path = model_dir / "config.json"
     if not path.is_file():
         raise CheckpointError(f"{model_dir} has no config.json")
-    return json.loads(path.read_text())
+    config: dict[str, Any] = json.loads(path.read_text())
+    return config
 
 
-def _eos_ids(model_dir: Path, config: dict) -> tuple[int, ...]:
+def _eos_ids(model_dir: Path, config: dict[str, Any]) -> tuple[int, ...]:
     """generation_config.json's eos list wins: Qwen3 chat ends on <|im_end|>, not config's eos."""
     ids: list[int] = []
     gen = model_dir / "generation_config.json"

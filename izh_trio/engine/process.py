@@ -49,10 +49,11 @@ from izh_trio.wire import (
 from izh_trio.wire.codec import converter
 
 log = logging.getLogger("izh_trio.engine")
-_EOF = object()
+#: What the reader thread hands the loop: a message, the error that stopped it, or None at EOF.
+_Inbound = Message | ProtocolError | OSError | None
 
 
-def _read_frames(fd: int, inbox: queue.SimpleQueue) -> None:
+def _read_frames(fd: int, inbox: queue.SimpleQueue[_Inbound]) -> None:
     decoder = FrameDecoder()
     try:
         while data := os.read(fd, 1 << 16):
@@ -61,7 +62,7 @@ def _read_frames(fd: int, inbox: queue.SimpleQueue) -> None:
     except (ProtocolError, OSError) as exc:
         inbox.put(exc)
         return
-    inbox.put(_EOF)
+    inbox.put(None)
 
 
 class _Writer:
@@ -131,7 +132,7 @@ def serve(config: EngineConfig, in_fd: int, out_fd: int) -> int:
     from izh_trio.engine.core import EngineCore  # torch loads here, after the fds are safe
 
     out = _Writer(out_fd)
-    inbox: queue.SimpleQueue = queue.SimpleQueue()
+    inbox: queue.SimpleQueue[_Inbound] = queue.SimpleQueue()
     threading.Thread(target=_read_frames, args=(in_fd, inbox), daemon=True,
                      name="izh-engine-reader").start()
     try:
@@ -160,7 +161,7 @@ def serve(config: EngineConfig, in_fd: int, out_fd: int) -> int:
         replies: list[Message] = []
         changed = False
         for msg in msgs:
-            if msg is _EOF or isinstance(msg, Shutdown):
+            if msg is None or isinstance(msg, Shutdown):
                 return 0
             if isinstance(msg, Exception):
                 out.send([Fatal(f"protocol error from the frontend: {msg}")])

@@ -6,7 +6,7 @@ import enum
 
 import attrs
 
-from izh_trio.wire import FinishReason, SamplingParams
+from izh_trio.wire import FinishReason, SamplingParams, TokenLogprobs
 
 
 class SequenceStatus(enum.Enum):
@@ -51,7 +51,7 @@ class Sequence:
     #: The eos or stop token that ended it.
     stop_token_id: int | None = attrs.field(init=False, default=None)
     #: Prompt logprobs gathered chunk by chunk, sent with the first token.
-    prompt_logprobs: list = attrs.field(init=False, factory=list)
+    prompt_logprobs: list[TokenLogprobs] = attrs.field(init=False, factory=list)
     #: The LoRA slot its adapter occupies, set while it runs (the scheduler pins it).
     lora_slot: int | None = attrs.field(init=False, default=None)
 

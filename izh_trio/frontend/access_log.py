@@ -30,7 +30,15 @@ from contextvars import ContextVar
 from typing import Any
 
 import attrs
+from hypercorn.typing import (
+    ASGIReceiveCallable,
+    ASGIReceiveEvent,
+    ASGISendCallable,
+    ASGISendEvent,
+    Scope,
+)
 
+from izh_trio.frontend.asgi import ASGIApp
 from izh_trio.frontend.errors import APIError
 
 log = logging.getLogger("izh_trio.access")
@@ -122,36 +130,37 @@ def noted(error: APIError) -> APIError:
 
 
 # ---------------------------------------------------------------- the ASGI wrapper
-def with_access_log(asgi_app: Any) -> Any:
+def with_access_log(asgi_app: ASGIApp) -> ASGIApp:
     """Wrap an ASGI app so that every HTTP request is logged when its call ends."""
 
-    async def app(scope: dict, receive: Any, send: Any) -> None:
+    async def app(scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
         if scope["type"] != "http":
             return await asgi_app(scope, receive, send)
         record = AccessRecord(scope["method"], scope["path"], time.monotonic(),
                               request_id=_request_id(scope["headers"]))
         error_body: list[bytes] | None = None  # a 5xx body, kept for its cause
 
-        async def receive_noting() -> dict:
+        async def receive_noting() -> ASGIReceiveEvent:
             message = await receive()
             if message["type"] == "http.disconnect" and not record.completed:
                 record.disconnected = True
             return message
 
-        async def send_noting(message: dict) -> None:
+        async def send_noting(message: ASGISendEvent) -> None:
             nonlocal error_body
-            kind = message["type"]
-            if kind == "http.response.start":
+            if message["type"] == "http.response.start":
                 record.status = message["status"]
                 record.request_id = _request_id(message.get("headers", ())) or record.request_id
                 if record.status >= 500:
                     error_body = []
-            elif error_body is not None and sum(map(len, error_body)) < _MAX_ERROR_BODY:
-                error_body.append(message.get("body", b""))
-            if kind == "http.response.body" and not message.get("more_body"):
-                # Before the send: a client that reads the whole body may close the socket,
-                # and so report its disconnect, before the server returns from this send.
-                record.completed = True
+            elif message["type"] == "http.response.body":
+                if error_body is not None and sum(map(len, error_body)) < _MAX_ERROR_BODY:
+                    error_body.append(message.get("body", b""))
+                if not message.get("more_body"):
+                    # Before the send: a client that reads the whole body may close the
+                    # socket, and so report its disconnect, before the server returns from
+                    # this send.
+                    record.completed = True
             await send(message)
 
         token = _RECORD.set(record)

@@ -28,7 +28,8 @@ def _kind(value: Any) -> str:
         return "boolean"
     if isinstance(value, int | float):
         return "number"
-    return {str: "string", list: "array", dict: "object"}.get(type(value), type(value).__name__)
+    names: dict[type, str] = {str: "string", list: "array", dict: "object"}
+    return names.get(type(value), type(value).__name__)
 
 
 def _text_of(content: Any, where: str) -> str:
@@ -166,4 +167,5 @@ def normalize_tools(tools: Any) -> list[dict[str, Any]] | None:
                                 ("parameters", dict, "a JSON Schema object")):
             if function.get(key) is not None and not isinstance(function[key], kind):
                 raise _bad(f"{where}.function.{key}", f"must be {what}", "tools")
-    return json.loads(json.dumps(tools))  # a private deep copy of plain JSON data
+    copied: list[dict[str, Any]] = json.loads(json.dumps(tools))  # a private deep copy
+    return copied

@@ -99,12 +99,12 @@ def plan_tools(req: ChatCompletionRequest) -> ToolPlan:
 def _named_tool(choice: Any) -> str | None:
     if isinstance(choice, dict):
         fn = choice.get("function")
-        if choice.get("type") != "function" or not isinstance(fn, dict) \
-                or not isinstance(fn.get("name"), str):
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if choice.get("type") != "function" or not isinstance(name, str):
             raise APIError(400, "tool_choice must be 'none', 'auto', 'required' or "
                                 '{"type": "function", "function": {"name": ...}}',
                            param="tool_choice")
-        return fn["name"]
+        return name
     if choice is not None and choice not in ("none", "auto", "required"):
         raise APIError(400, f"unknown tool_choice {choice!r}", param="tool_choice")
     return None
@@ -112,10 +112,11 @@ def _named_tool(choice: Any) -> str | None:
 
 def _named_function(choice: Any) -> str | None:
     if isinstance(choice, dict):
-        if not isinstance(choice.get("name"), str):
+        name = choice.get("name")
+        if not isinstance(name, str):
             raise APIError(400, "function_call must be 'none', 'auto' or {\"name\": ...}",
                            param="function_call")
-        return choice["name"]
+        return name
     if choice is not None and choice not in ("none", "auto"):
         raise APIError(400, f"unknown function_call {choice!r}", param="function_call")
     return None

@@ -38,8 +38,8 @@ def compute(model_name: str, model_dir: Path | None, dtype: str) -> str:
     digest = hashlib.sha256()
     for part in (model_name, dtype, __version__):
         digest.update(part.encode() + b"\0")
-    for part in _checkpoint_identity(model_dir) if model_dir is not None else ():
-        digest.update(part)
+    for identity in _checkpoint_identity(model_dir) if model_dir is not None else ():
+        digest.update(identity)
     return "fp_" + digest.hexdigest()[:10]
 
 

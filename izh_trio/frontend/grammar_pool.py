@@ -20,6 +20,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import attrs
 import trio
@@ -34,8 +35,10 @@ from izh_trio.frontend.grammar_worker import (
     Verdict,
     encode,
 )
+from izh_trio.wire import converters
 
 log = logging.getLogger(__name__)
+_Answer = TypeVar("_Answer", Verdict, Parsed)  # what a job is answered with
 
 
 def job_stack_bytes() -> int:
@@ -52,7 +55,7 @@ class WorkerSpec:
 
     tokenizer_path: Path
     vocab_size: int
-    eos_token_ids: tuple[int, ...] = attrs.field(converter=tuple)
+    eos_token_ids: tuple[int, ...] = attrs.field(converter=converters.ints)
 
 
 @attrs.frozen
@@ -138,18 +141,15 @@ class GrammarPool:
     async def check(self, grammar: str) -> str | None:
         """Compile ``grammar`` in a worker: None, or the library's (raw) error."""
         reply = await self._job(Job(grammar), Verdict, "compiling a request's grammar")
-        assert isinstance(reply, Verdict)
         return reply.error
 
     async def parse_json(self, chunks: list[bytes]) -> Parsed:
         """Parse a big request body, in ``chunks``, in a worker (``json_input.loads``)."""
-        reply = await self._job(ParseJob(sum(map(len, chunks))), Parsed,
-                                "parsing a request body", chunks)
-        assert isinstance(reply, Parsed)
-        return reply
+        return await self._job(ParseJob(sum(map(len, chunks))), Parsed,
+                               "parsing a request body", chunks)
 
-    async def _job(self, job: Job | ParseJob, answer: type, what: str,
-                   chunks: Sequence[bytes] = ()) -> Message:
+    async def _job(self, job: Job | ParseJob, answer: type[_Answer], what: str,
+                   chunks: Sequence[bytes] = ()) -> _Answer:
         if self._closed:
             raise GrammarUnavailable("the server is shutting down")
         if self._waiting >= self.settings.max_waiting:
@@ -178,8 +178,8 @@ class GrammarPool:
             await worker.stop()
         return await self._start()
 
-    async def _run(self, worker: _Worker, job: Job | ParseJob, answer: type, what: str,
-                   chunks: Sequence[bytes]) -> Message:
+    async def _run(self, worker: _Worker, job: Job | ParseJob, answer: type[_Answer], what: str,
+                   chunks: Sequence[bytes]) -> _Answer:
         keep = False
         try:
             with trio.move_on_after(self.settings.job_timeout) as scope:

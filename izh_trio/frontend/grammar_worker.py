@@ -88,7 +88,7 @@ def encode(msg: Message) -> bytes:
     fields = attrs.asdict(msg, recurse=False)
     if isinstance(msg, ParseJob):
         del fields["data"]  # sent raw after the frame
-    body = msgpack.packb([type(msg).__name__, fields])
+    body: bytes = msgpack.packb([type(msg).__name__, fields])
     return _LEN.pack(len(body)) + body
 
 

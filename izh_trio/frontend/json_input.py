@@ -96,6 +96,12 @@ def _text_and_position(data: bytes | str, pos: int) -> tuple[str, int]:
                 len(data[:bad.start].decode("utf-8", "replace")))
 
 
+def _skip_space(text: str, i: int) -> int:
+    """``i`` moved past any JSON whitespace there."""
+    space = _WHITESPACE.match(text, i)
+    return space.end() if space else i  # the pattern matches the empty string: always one
+
+
 def _top_level_field(text: str, pos: int) -> str | None:
     """The key of the top-level member whose text holds ``pos`` (None: not an object, or
     ``pos`` is outside every member's value). Only on the error path: the standard
@@ -103,31 +109,32 @@ def _top_level_field(text: str, pos: int) -> str | None:
     and is told to keep numbers as text, so that nothing here can raise on size)."""
     decoder = json.JSONDecoder(parse_int=str, parse_float=str, parse_constant=str,
                                strict=False)
-    i = _WHITESPACE.match(text, 0).end()
+    i = _skip_space(text, 0)
     if not text.startswith("{", i):
         return None
     i += 1
     while True:
-        i = _WHITESPACE.match(text, i).end()
+        i = _skip_space(text, i)
         if not text.startswith('"', i):
             return None
+        key: str  # a JSON string, as the text at i is one
         try:
-            key, i = json.decoder.scanstring(text, i + 1, False)
+            key, i = decoder.raw_decode(text, i)
         except ValueError:
             return None
         if pos < i:  # the key itself is the problem (a surrogate in it is shown escaped)
             return key.encode("utf-8", "backslashreplace").decode("utf-8")
-        i = _WHITESPACE.match(text, i).end()
+        i = _skip_space(text, i)
         if not text.startswith(":", i):
             return None
-        start = _WHITESPACE.match(text, i + 1).end()
+        start = _skip_space(text, i + 1)
         try:
             _, end = decoder.raw_decode(text, start)
         except (ValueError, RecursionError):  # this value is where parsing broke
             return key if pos >= start else None
         if pos < end:
             return key
-        i = _WHITESPACE.match(text, end).end()
+        i = _skip_space(text, end)
         if not text.startswith(",", i):
             return None
         i += 1

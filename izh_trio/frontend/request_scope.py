@@ -17,18 +17,22 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from contextvars import ContextVar
-from typing import Any, TypeVar
+from typing import TypeVar
+
+from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
+
+from izh_trio.frontend.asgi import ASGIApp
 
 T = TypeVar("T")
 
 _STACK: ContextVar[AsyncExitStack | None] = ContextVar("izh_request_scope", default=None)
 
 
-def with_request_scope(asgi_app: Any) -> Any:
+def with_request_scope(asgi_app: ASGIApp) -> ASGIApp:
     """Wrap an ASGI app so that every HTTP request runs inside its own exit stack. trio copies
     the context into the tasks quart-trio starts for the request, so its route sees it."""
 
-    async def app(scope: dict, receive: Any, send: Any) -> None:
+    async def app(scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
         if scope["type"] != "http":
             return await asgi_app(scope, receive, send)
         async with AsyncExitStack() as stack:

@@ -15,10 +15,14 @@ import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import attrs
 from attrs import validators as v
+
+#: A setting's field; settings hold values of every type (quoted: attrs' class is generic
+#: only to type checkers).
+Field: TypeAlias = "attrs.Attribute[Any]"
 
 ENV_PREFIX = "IZH_"
 _TRUE = ("1", "true", "yes", "on")
@@ -43,17 +47,17 @@ def setting(default: Any, help: str, *, choices: Sequence[str] | None = None,
                        metadata=metadata)
 
 
-def flag_name(field: attrs.Attribute) -> str:
+def flag_name(field: Field) -> str:
     return field.metadata.get("flag") or "--" + field.name.replace("_", "-")
 
 
-def env_name(field: attrs.Attribute) -> str:
+def env_name(field: Field) -> str:
     return field.metadata.get("env") or ENV_PREFIX + field.name.upper()
 
 
-def settable_fields(cls: type) -> tuple[attrs.Attribute, ...]:
+def settable_fields(cls: type) -> tuple[Field, ...]:
     """Every field of ``cls``, its annotations resolved; each must come from ``setting``."""
-    fields = attrs.fields(attrs.resolve_types(cls))
+    fields: tuple[Field, ...] = attrs.fields(attrs.resolve_types(cls))
     for field in fields:
         if "help" not in field.metadata:
             raise TypeError(f"{cls.__name__}.{field.name} is not declared with setting()")
@@ -69,11 +73,13 @@ def _shape(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
-def _parser_of(field: attrs.Attribute) -> Callable[[str], Any]:
+def _parser_of(field: Field) -> Callable[[str], Any]:
     base, many = _shape(field.type)
-    parse = field.metadata["parse"]
-    if parse is None and not many and field.converter is not None:
-        parse = field.converter
+    parse: Callable[[str], Any] | None = field.metadata["parse"]
+    converter = field.converter  # a plain one-argument callable, not an attrs.Converter
+    if parse is None and not many and converter is not None \
+            and not isinstance(converter, attrs.Converter):
+        parse = converter
     return parse or base
 
 
@@ -120,7 +126,7 @@ def given_env(cls: type, env: Mapping[str, str]) -> dict[str, Any]:
     return values
 
 
-def _from_env_text(field: attrs.Attribute, raw: str) -> Any:
+def _from_env_text(field: Field, raw: str) -> Any:
     base, many = _shape(field.type)
     if many:
         parse = _parser_of(field)
@@ -151,9 +157,9 @@ def _argparse_type(parse: Callable[[str], Any], custom: bool) -> Callable[[str],
 _METAVARS = {int: "N", float: "X", Path: "PATH"}
 
 
-def _help(field: attrs.Attribute) -> str:
+def _help(field: Field) -> str:
     """The field's help, with its default unless that says nothing or the help tells it."""
-    text = field.metadata["help"]
+    text: str = field.metadata["help"]
     if not (field.default is None or field.default is False or field.default == ()
             or "default" in text):
         text = (text[:-1] + f"; default: {field.default})" if text.endswith(")")

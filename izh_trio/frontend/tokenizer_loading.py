@@ -77,9 +77,9 @@ def _declared_tokens(config: dict[str, Any], named: set[str]) -> list[tuple[int,
     decoder = config.get("added_tokens_decoder")
     for key, spec in (decoder.items() if isinstance(decoder, dict) else ()):
         token = _added_token(spec)
+        if token is not None and token.content in named:  # special whatever it says
+            token = _added_token(spec, special=True)
         if token is not None and str(key).isdigit():
-            if token.content in named:  # a named special token is special whatever it says
-                token = _added_token(spec, special=True)
             entries.append((int(key), token))
     return sorted(entries, key=lambda e: e[0])
 

@@ -68,17 +68,17 @@ def _is_homogeneous_tuple(tp: Any) -> bool:
 
 
 @converter.register_structure_hook_factory(_is_homogeneous_tuple)
-def _strict_tuple(tp: Any) -> typing.Callable[[Any, Any], tuple]:
+def _strict_tuple(tp: Any) -> typing.Callable[[Any, Any], tuple[Any, ...]]:
     item = typing.get_args(tp)[0]
     if item is int:  # prompts: one type check per id, not a converter call per id
-        def ints(value: Any, _type: Any) -> tuple:
+        def ints(value: Any, _type: Any) -> tuple[int, ...]:
             if type(value) is not list or not all(type(x) is int for x in value):
                 raise TypeError("expected an array of integers")
             return tuple(value)
 
         return ints
 
-    def hook(value: Any, _type: Any) -> tuple:
+    def hook(value: Any, _type: Any) -> tuple[Any, ...]:
         if type(value) is not list:
             raise TypeError(f"expected an array, got {type(value).__name__}")
         return tuple(converter.structure(x, item) for x in value)
@@ -99,7 +99,7 @@ class ProtocolError(Exception):
 
 def encode_frame(messages: Iterable[m.Message]) -> bytes:
     body = [[_TAG_OF[type(msg)], converter.unstructure(msg)] for msg in messages]
-    payload = msgpack.packb(body, use_bin_type=True)
+    payload: bytes = msgpack.packb(body, use_bin_type=True)
     if len(payload) > MAX_FRAME_SIZE:
         raise ProtocolError(f"frame of {len(payload)} bytes exceeds {MAX_FRAME_SIZE}")
     return _LEN.pack(len(payload)) + payload
@@ -141,7 +141,7 @@ class FrameDecoder:
     def __init__(self) -> None:
         self._buf = bytearray()
 
-    def feed(self, data: bytes) -> list[m.Message]:
+    def feed(self, data: bytes | bytearray) -> list[m.Message]:
         self._buf += data
         out: list[m.Message] = []
         while len(self._buf) >= HEADER_SIZE:

@@ -26,7 +26,7 @@ def _int(value: Any, what: str) -> int:
     return value
 
 
-def _lp_out(t: TokenLogprobs) -> list:
+def _lp_out(t: TokenLogprobs) -> list[Any]:
     return [t.token_id, t.logprob, t.rank, list(t.top_ids), list(t.top_logprobs)]
 
 
@@ -49,7 +49,7 @@ def _lps_in(v: Any) -> tuple[TokenLogprobs, ...] | None:
     return tuple(_lp_in(x) for x in v)
 
 
-def unstructure_output(o: RequestOutput) -> list:
+def unstructure_output(o: RequestOutput) -> list[Any]:
     return [
         o.request_id, list(o.new_token_ids), o.num_prompt_tokens, o.num_output_tokens,
         o.num_cached_tokens, o.finish_reason.value if o.finish_reason else None,
@@ -77,7 +77,7 @@ def structure_output(v: Any) -> RequestOutput:
     )
 
 
-def unstructure_step(s: StepOutputs) -> list:
+def unstructure_step(s: StepOutputs) -> list[list[Any]]:
     return [unstructure_output(o) for o in s.outputs]
 
 

@@ -6,13 +6,23 @@ All are frozen attrs classes: a message is a value, built once and never edited 
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import attrs
 from attrs import validators as v
 
+from izh_trio.wire.converters import floats, ints, strs
 from izh_trio.wire.log_format import FORMATS as LOG_FORMATS
 from izh_trio.wire.options import ATTENTION_BACKENDS, CUDA_GRAPHS_MODES, DTYPES, check_lora_names
 from izh_trio.wire.sampling import SamplingParams
+
+
+def _lora_pairs(pairs: Iterable[Sequence[str]]) -> tuple[tuple[str, str], ...]:
+    """(name, path) pairs, checked (``check_lora_names``) before they are taken as pairs."""
+    given = tuple(tuple(pair) for pair in pairs)
+    check_lora_names(given)
+    return tuple((name, path) for name, path in given)
 
 
 class FinishReason(enum.Enum):
@@ -48,9 +58,7 @@ class EngineConfig:
     gpu_memory_utilization: float = attrs.field(default=0.9, validator=[v.gt(0.0), v.le(1.0)])
     #: LoRA adapters loaded at start: (name, PEFT adapter directory) pairs, names unique.
     lora_modules: tuple[tuple[str, str], ...] = attrs.field(
-        default=(), converter=lambda pairs: tuple(tuple(p) for p in pairs),
-        validator=lambda _i, _a, pairs: check_lora_names(pairs),
-    )
+        default=(), converter=_lora_pairs)
     #: Adapters resident in the model's LoRA slots at once; None: one per adapter loaded at
     #: start (8 at most; never more than those without runtime updates), or 8 with runtime
     #: updates. More adapters take turns: the least recently used idle one is swapped out.
@@ -69,7 +77,7 @@ class EngineConfig:
 @attrs.frozen
 class AddRequest:
     request_id: str
-    prompt_token_ids: tuple[int, ...] = attrs.field(converter=tuple)
+    prompt_token_ids: tuple[int, ...] = attrs.field(converter=ints)
     params: SamplingParams
     #: Lower runs first, as in vLLM.
     priority: int = 0
@@ -81,7 +89,7 @@ class AddRequest:
 
 @attrs.frozen
 class Abort:
-    request_ids: tuple[str, ...] = attrs.field(converter=tuple)
+    request_ids: tuple[str, ...] = attrs.field(converter=strs)
 
 
 @attrs.frozen
@@ -115,7 +123,7 @@ class ModelInfo:
 
     vocab_size: int
     dtype: str
-    eos_token_ids: tuple[int, ...] = attrs.field(converter=tuple)
+    eos_token_ids: tuple[int, ...] = attrs.field(converter=ints)
 
 
 @attrs.frozen
@@ -131,8 +139,8 @@ class TokenLogprobs:
     token_id: int
     logprob: float
     rank: int  # 1 = the most likely token
-    top_ids: tuple[int, ...] = attrs.field(default=(), converter=tuple)
-    top_logprobs: tuple[float, ...] = attrs.field(default=(), converter=tuple)
+    top_ids: tuple[int, ...] = attrs.field(default=(), converter=ints)
+    top_logprobs: tuple[float, ...] = attrs.field(default=(), converter=floats)
 
 
 @attrs.frozen
@@ -140,7 +148,7 @@ class RequestOutput:
     """What one step did for one request. Token ids are only the new ones."""
 
     request_id: str
-    new_token_ids: tuple[int, ...] = attrs.field(converter=tuple)
+    new_token_ids: tuple[int, ...] = attrs.field(converter=ints)
     num_prompt_tokens: int
     num_output_tokens: int
     num_cached_tokens: int = 0
@@ -157,9 +165,16 @@ class RequestOutput:
         return self.finish_reason is not None
 
 
+if TYPE_CHECKING:
+    # a typed view of the builtin, as in ``wire.converters`` (one frame per step is built)
+    def _outputs(values: Iterable[RequestOutput], /) -> tuple[RequestOutput, ...]: ...
+else:
+    _outputs = tuple
+
+
 @attrs.frozen
 class StepOutputs:
-    outputs: tuple[RequestOutput, ...] = attrs.field(converter=tuple)
+    outputs: tuple[RequestOutput, ...] = attrs.field(converter=_outputs)
 
 
 @attrs.frozen

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 #: ``auto``: the checkpoint's own dtype.
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -14,7 +14,7 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton")
 CUDA_GRAPHS_MODES = ("auto", "on", "off")
 
 
-def check_lora_names(pairs: Iterable[tuple[str, str]]) -> None:
+def check_lora_names(pairs: Iterable[Sequence[str]]) -> None:
     """Each LoRA adapter a non-empty name and a path, no name twice: ``ValueError`` if not."""
     pairs = tuple(pairs)
     names = [pair[0] for pair in pairs]

@@ -6,15 +6,24 @@ the engine never has to guess; validation here catches a frontend bug before it 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import attrs
 from attrs import validators as v
+
+from izh_trio.wire.converters import ints
 
 _non_negative = v.ge(0.0)
 
 
-def _token_ids(_inst: object, attribute: attrs.Attribute, value: tuple[int, ...]) -> None:
+def _token_ids(_inst: object, attribute: attrs.Attribute[tuple[int, ...]],
+               value: tuple[int, ...]) -> None:
     if any(not isinstance(t, int) or t < 0 for t in value):
         raise ValueError(f"{attribute.name} must hold non-negative token ids, got {value!r}")
+
+
+def _bias_pairs(pairs: Iterable[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
+    return tuple((int(t), float(b)) for t, b in pairs)
 
 
 @attrs.frozen
@@ -32,7 +41,7 @@ class SamplingParams:
     ignore_eos: bool = False
     #: Extra ids that end the request; the checkpoint's eos ids are added by the engine.
     stop_token_ids: tuple[int, ...] = attrs.field(
-        default=(), converter=tuple, validator=_token_ids
+        default=(), converter=ints, validator=_token_ids
     )
     min_tokens: int = attrs.field(default=0, validator=v.ge(0))
     #: HF-style: logits of tokens already in the prompt or output are divided (if positive) or
@@ -45,8 +54,7 @@ class SamplingParams:
                                            validator=[v.ge(-2.0), v.le(2.0)])
     #: (token id, bias) pairs added to the logits before sampling.
     logit_bias: tuple[tuple[int, float], ...] = attrs.field(
-        default=(), converter=lambda pairs: tuple((int(t), float(b)) for t, b in pairs)
-    )
+        default=(), converter=_bias_pairs)
     #: Top logprobs to report per sampled token (0: only the sampled one); None: no logprobs.
     logprobs: int | None = attrs.field(default=None, validator=v.optional(v.ge(0)))
     #: The same for every prompt position after the first; None: none.

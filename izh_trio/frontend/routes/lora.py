@@ -44,6 +44,8 @@ def _updatable() -> Server:
 
 async def _apply(server: Server, op: LoadLora | UnloadLora) -> str | None:
     try:
+        if server.client is None:  # no core started yet
+            raise EngineUnavailable("the engine has not started")
         return await server.client.update_lora(op)
     except EngineUnavailable as exc:
         raise APIError(503, f"the engine is unavailable: {exc}",

@@ -20,7 +20,8 @@ OPENAPI_PATH = resources.files("izh_trio") / "schemas" / "openapi.json"
 
 
 def _server() -> Server:
-    return current_app.extensions["izh"]
+    server: Server = current_app.extensions["izh"]
+    return server
 
 
 @bp.get("/v1/models")
