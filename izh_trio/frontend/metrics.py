@@ -80,6 +80,8 @@ class Metrics:
             r.register(shared)
         self.request_success = Counter("izh:request_success", "Finished requests.",
                                        ["finished_reason"], registry=r)
+        self.responses = Counter("izh:responses", "Responses API responses by final status.",
+                                 ["status"], registry=r)
         self.ttft = Histogram("izh:time_to_first_token_seconds",
                               "Arrival to first token, as the client sees it.",
                               buckets=_LATENCY_BUCKETS, registry=r)

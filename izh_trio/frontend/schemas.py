@@ -18,7 +18,7 @@ from attrs import validators as v
 
 from izh_trio.frontend.errors import APIError, innermost_message
 
-T = TypeVar("T")
+T = TypeVar("T", bound=attrs.AttrsInstance)
 Hook = Callable[[Any], Any]
 
 api_converter = cattrs.Converter()
@@ -132,6 +132,7 @@ def _stream_options(value: Any) -> StreamOptions:
         raise TypeError(f"expected an object, got {_json_type(value)}")
     given = {}
     for field in attrs.fields(StreamOptions):
+        assert field.type is not None  # every field is annotated
         if value.get(field.name) is not None:
             try:
                 given[field.name] = api_converter.structure(value[field.name], field.type)
@@ -145,13 +146,13 @@ REASONING_EFFORTS = {"none": False, "minimal": False, "low": True, "medium": Tru
                      "high": True, "xhigh": True, "max": True}
 
 
-def _string_map(_inst: Any, attr: attrs.Attribute, value: Any) -> None:
+def _string_map(_inst: Any, attr: "attrs.Attribute[Any]", value: Any) -> None:
     if value is not None and not (isinstance(value, dict)
                                   and all(isinstance(x, str) for x in value.values())):
         raise TypeError(f"'{attr.name}' must be an object whose values are strings")
 
 
-def _text_modality(_inst: Any, attr: attrs.Attribute, value: Any) -> None:
+def _text_modality(_inst: Any, attr: "attrs.Attribute[Any]", value: Any) -> None:
     if value is not None and not isinstance(value, list):
         raise TypeError(f"'{attr.name}' must be an array of strings")
     for modality in value or ():
@@ -163,11 +164,11 @@ def _text_modality(_inst: Any, attr: attrs.Attribute, value: Any) -> None:
                              f"{modality!r}")
 
 
-def _refused(why: str) -> Callable[[Any, attrs.Attribute, Any], None]:
+def _refused(why: str) -> Callable[[Any, "attrs.Attribute[Any]", Any], None]:
     """Fields that would change the answer and that this server cannot honour: a 400 when set
     (null is the same as leaving them out)."""
 
-    def check(_inst: Any, attr: attrs.Attribute, value: Any) -> None:
+    def check(_inst: Any, attr: "attrs.Attribute[Any]", value: Any) -> None:
         if value is not None:
             raise ValueError(f"'{attr.name}' is not supported: {why}")
 

@@ -31,6 +31,13 @@ from izh_trio.frontend.limits import RateLimiter
 from izh_trio.frontend.metrics import Metrics
 from izh_trio.frontend.offload import Offload
 from izh_trio.frontend.prompt_size import PromptSize
+from izh_trio.frontend.response_store import (
+    ResponseStore,
+    StoreUnavailable,
+    expire_periodically,
+    open_store,
+)
+from izh_trio.frontend.responses.runs import Runs
 from izh_trio.frontend.settings import Settings
 from izh_trio.frontend.tokenizer import ModelTokenizer
 from izh_trio.wire import Ready
@@ -95,6 +102,11 @@ class Server:
         self.prompt_size = PromptSize(None)
         #: Where request grammars are compiled before admission (subprocesses, on demand).
         self.grammars = GrammarPool(self._grammar_spec)
+        #: The Responses API's store (opened at start), the background responses running
+        #: here, and the nursery they run in: the server's, not a request's.
+        self.store: ResponseStore | None = None
+        self.background = Runs()
+        self.nursery: trio.Nursery | None = None
         self._supervisor_done = trio.Event()
 
     async def start(self, nursery: trio.Nursery) -> None:
@@ -113,6 +125,7 @@ class Server:
         self.model_name = self.settings.model_name(self.model_dir)
         if self.model_name in self.loras:
             raise ValueError(f"LoRA adapter name {self.model_name!r} is the served model's name")
+        await self._open_store(nursery)
         heap.map_big_buffers()  # before the tokenizer's and requests' big allocations
         self._tokenizer = await trio.to_thread.run_sync(ModelTokenizer, self.model_dir)
         self.prompt_size = await trio.to_thread.run_sync(PromptSize.of, self.tokenizer.tokenizer)
@@ -126,6 +139,24 @@ class Server:
         self._transition(ServerState.SERVING)
         log.info("serving %s from %s (max_model_len %d)", self.model_name, self.model_dir,
                  self.ready.max_model_len)
+
+    async def _open_store(self, nursery: trio.Nursery) -> None:
+        """Open the response store and enforce its TTL and row cap in the background. A store
+        the operator named must open (Redis connects on first use); the default one, in the
+        cache directory, may not (a read-only home): then only stored responses are refused
+        (503), and everything else is served."""
+        s = self.settings
+        self.nursery = nursery
+        try:
+            self.store = await open_store(s.response_store, s.response_store_ttl,
+                                          s.response_store_max_rows)
+        except StoreUnavailable as exc:
+            if s.response_store is not None:
+                raise
+            log.warning("the default response store cannot be opened (%s): responses with "
+                        "store: true will be refused; set --response-store", exc)
+            return
+        nursery.start_soon(expire_periodically, self.store, min(60.0, s.response_store_ttl))
 
     async def _supervise(self, *, task_status: trio.TaskStatus[None]) -> None:
         """Run the core; respawn it with backoff when it dies, up to ``max_engine_restarts``."""
@@ -186,6 +217,8 @@ class Server:
         if self.client is not None:
             self.client.close()
         await self._supervisor_done.wait()
+        if self.store is not None:
+            await self.store.aclose()
 
     def _transition(self, new: ServerState) -> None:
         if new not in _NEXT[self.state]:

@@ -11,6 +11,8 @@ from pathlib import Path
 import attrs
 from attrs import validators as v
 
+from izh_trio.frontend.response_store.factory import check_url
+from izh_trio.frontend.response_store.protocol import DEFAULT_MAX_ROWS, DEFAULT_TTL_S
 from izh_trio.frontend.setting_fields import given_env, setting
 from izh_trio.wire import EngineConfig
 from izh_trio.wire.log_format import FORMATS as LOG_FORMATS
@@ -39,6 +41,10 @@ def _lora_modules(specs: Iterable[str | tuple[str, str]]) -> tuple[tuple[str, st
 
 
 _optional_path = attrs.converters.optional(Path)
+
+
+def _store_url(_instance: object, _attribute: object, url: str | None) -> None:
+    check_url(url)  # a bad URL is a one-line error at start, not a failure on first use
 
 
 @attrs.frozen
@@ -116,6 +122,14 @@ class Settings:
         validator=v.optional(v.ge(1)))
     enable_lora_runtime_updates: bool = setting(
         False, "serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (else 404)")
+    response_store: str | None = setting(
+        None, "where stored responses live: sqlite:///PATH or redis://HOST:PORT/DB (default: "
+        "SQLite in the cache directory)", validator=_store_url, metavar="URL")
+    response_store_ttl: float = setting(
+        DEFAULT_TTL_S, "seconds a stored response is kept", validator=v.gt(0))
+    response_store_max_rows: int = setting(
+        DEFAULT_MAX_ROWS, "stored responses kept at most (the oldest go first)",
+        validator=v.ge(1))
     log_format: str = setting(
         "text", "every log line, one per request included: text, or json (one object a line)",
         choices=LOG_FORMATS)

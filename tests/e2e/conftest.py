@@ -92,8 +92,9 @@ def server(hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[s
     """``izh-trio serve`` on a transformers-made checkpoint, shared by the e2e tests."""
     port = free_port()
     log = tmp_path_factory.mktemp("logs") / "server.log"
-    with running_server(serve_args(hf_dir, port, "--served-model-name", "qwen3-test"), log,
-                        port=port) as (base, _proc):
+    args = serve_args(hf_dir, port, "--served-model-name", "qwen3-test",
+                      "--response-store", f"sqlite:///{log.parent}/responses.sqlite3")
+    with running_server(args, log, port=port) as (base, _proc):
         yield base
 
 
@@ -103,7 +104,8 @@ def paced_server(hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
     (A small KV cache: it lives as long as the session, beside ``server``.)"""
     port = free_port()
     log = tmp_path_factory.mktemp("logs") / "paced-server.log"
-    args = serve_args(hf_dir, port, "--served-model-name", "qwen3-test", "--kv-cache-gib", "0.25")
+    args = serve_args(hf_dir, port, "--served-model-name", "qwen3-test", "--kv-cache-gib", "0.25",
+                      "--response-store", f"sqlite:///{log.parent}/responses.sqlite3")
     with running_server(args, log, port=port, env=PACED) as (base, _proc):
         yield base
 

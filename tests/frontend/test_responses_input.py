@@ -76,7 +76,7 @@ def test_reasoning_after_an_answer_opens_a_new_turn() -> None:
      "'input_image' is not supported"),
     ([{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}],
      "'input_file' is not supported"),
-    ([{"type": "item_reference", "id": "msg_1"}], "not supported yet"),
+    ([{"type": "item_reference", "id": "msg_1"}], "continue its response with"),
     ([{"type": "web_search_call", "id": "ws"}], "'web_search_call' is not supported"),
     ([{"role": "tool", "content": "x"}], "input[0].role"),
     ([{"type": "function_call", "call_id": "c", "name": "f", "arguments": {}}],
@@ -149,8 +149,8 @@ def test_reasoning_effort_and_summary() -> None:
 
 
 @pytest.mark.parametrize(("body", "param"), [
-    ({"n": 2}, "n"), ({"previous_response_id": "resp_1"}, "previous_response_id"),
-    ({"background": True}, "background"), ({"include": ["x"]}, "include"),
+    ({"n": 2}, "n"), ({"previous_response_id": 1}, "previous_response_id"),
+    ({"background": "yes"}, "background"), ({"include": ["x"]}, "include"),
     ({"truncation": "never"}, "truncation"), ({"metadata": {"k": 1}}, "metadata"),
     ({"max_output_tokens": 0}, "max_output_tokens"), ({"top_logprobs": 21}, "top_logprobs"),
     ({"store": "yes"}, "store"), ({"prompt": {"id": "p"}}, "prompt"),

@@ -54,6 +54,11 @@ SAMPLES = {
     "max_lora_rank": (["--max-lora-rank", "8"], "IZH_MAX_LORA_RANK", "8"),
     "enable_lora_runtime_updates": (["--enable-lora-runtime-updates"],
                                     "IZH_ENABLE_LORA_RUNTIME_UPDATES", "yes"),
+    "response_store": (["--response-store", "redis://h:1/2"], "IZH_RESPONSE_STORE",
+                       "redis://h:1/2"),
+    "response_store_ttl": (["--response-store-ttl", "60"], "IZH_RESPONSE_STORE_TTL", "60"),
+    "response_store_max_rows": (["--response-store-max-rows", "5"],
+                                "IZH_RESPONSE_STORE_MAX_ROWS", "5"),
     "log_format": (["--log-format", "json"], "IZH_LOG_FORMAT", "json"),
     "log_level": (["--log-level", "warning"], "IZH_LOG_LEVEL", "Warning"),
 }
@@ -112,6 +117,9 @@ def test_help_lists_every_flag_with_its_help(capsys: pytest.CaptureFixture[str])
     (["--lora-modules", "a=/x", "a=/y"], "LoRA module names must be unique: ['a', 'a']"),
     (["--gpu-memory-utilization", "2"], "'gpu_memory_utilization' must be <= 1: 2.0"),
     (["--backlog", "-1"], "'backlog' must be >= 0: -1"),
+    (["--response-store", "mysql://x"], "--response-store 'mysql://x': expected "
+                                        "sqlite:///PATH or redis://HOST:PORT/DB"),
+    (["--response-store-ttl", "0"], "'response_store_ttl' must be > 0: 0.0"),
     (["--log-level", "loud"], "argument --log-level: invalid choice: 'LOUD' (choose from "
                               "'DEBUG', 'INFO', 'WARNING', 'ERROR', 'CRITICAL')"),
 ])

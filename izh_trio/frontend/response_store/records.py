@@ -60,6 +60,8 @@ class StoredResponse:
     list's cursors); the turns before it are reached through ``previous_response_id``
     (``ResponseStore.chain``), so a long chain costs storage linear in its length.
     ``expires_at`` is stamped by the store on write (``created_at`` plus its TTL).
+    ``updated_at``: when its owner last wrote it; a running response not written for long
+    has lost its owner (``responses.lifecycle``).
     """
 
     id: str
@@ -69,6 +71,7 @@ class StoredResponse:
     input_items: tuple[JSON, ...] = attrs.field(converter=_items, default=())
     previous_response_id: str | None = None
     expires_at: float | None = None
+    updated_at: float | None = None
 
     @property
     def output_items(self) -> list[JSON]:
@@ -87,6 +90,7 @@ class StoredResponse:
             "status": self.status.value, "response": self.response,
             "input_items": list(self.input_items),
             "previous_response_id": self.previous_response_id,
+            "updated_at": self.updated_at,
         }
 
     @classmethod
@@ -96,6 +100,7 @@ class StoredResponse:
             status=data["status"], response=data["response"],
             input_items=data.get("input_items") or (),
             previous_response_id=data.get("previous_response_id"),
+            updated_at=data.get("updated_at"),
         )
 
 

@@ -5,7 +5,7 @@ threads, at most one per pooled connection, each call bounded by socket timeouts
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import orjson
@@ -74,7 +74,7 @@ class RedisStore(StoreBase):
 
     def _get(self, response_id: str) -> StoredResponse | None:
         body, expires_at = self._client.hmget(self._key("r", response_id), ["body", "expires_at"])
-        if body is None or float(expires_at) <= self._clock():
+        if body is None or expires_at is None or float(expires_at) <= self._clock():
             return None
         return StoredResponse.from_json(orjson.loads(body))
 
@@ -149,13 +149,15 @@ class RedisStore(StoreBase):
             return 0
         return self._remove(self._client.zrange(self._key("by_created"), 0, excess - 1))
 
-    def _remove(self, raw_ids: list[bytes]) -> int:
-        if not raw_ids:
+    def _remove(self, members: Iterable[object]) -> int:
+        # a sorted set's members, read without scores: ids, as bytes (replies are not decoded)
+        ids = [member.decode() for member in members if isinstance(member, bytes)]
+        if not ids:
             return 0
-        ids = [raw.decode() for raw in raw_ids]
         pipe = self._client.pipeline(transaction=True)
         pipe.zrem(self._key("by_created"), *ids)
         pipe.zrem(self._key("by_expiry"), *ids)
         for response_id in ids:
             pipe.delete(self._key("r", response_id), self._key("e", response_id))
-        return pipe.execute()[0]
+        removed: int = pipe.execute()[0]
+        return removed

@@ -19,7 +19,8 @@ ROLES = ("user", "system", "developer", "assistant")
 TEXT_PARTS = {"input_text": "text", "output_text": "text", "refusal": "refusal"}
 #: Item types this server cannot take, and why: a 400 naming them, never silence.
 UNSUPPORTED = {
-    "item_reference": "item references need the response store, which is not wired in yet",
+    "item_reference": "send the item itself, or continue its response with "
+                      "previous_response_id",
 }
 
 
@@ -127,7 +128,7 @@ def _item(conv: _Conversation, item: Any, where: str) -> None:
         conv.output(_string(item, "call_id", where), _text(item.get("output"),
                                                            f"{where}.output"))
     elif isinstance(kind, str) and kind in UNSUPPORTED:
-        raise _bad(where, f"item type {kind!r} is not supported yet: {UNSUPPORTED[kind]}")
+        raise _bad(where, f"item type {kind!r} is not supported: {UNSUPPORTED[kind]}")
     else:
         shown = repr(kind) if isinstance(kind, str) else "an item without a string type"
         raise _bad(where, f"item type {shown} is not supported: this server takes message, "

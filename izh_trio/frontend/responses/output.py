@@ -25,20 +25,26 @@ from izh_trio.frontend.serving.api import Head, Tally
 
 
 class ResponseStatus(enum.Enum):
+    QUEUED = "queued"  # a background response not yet begun
     IN_PROGRESS = "in_progress"
     COMPLETED = "completed"
     INCOMPLETE = "incomplete"
     FAILED = "failed"
+    CANCELLED = "cancelled"
 
 
 #: A finished response may still fail: its stream broke before its end was said.
 _NEXT = {
+    ResponseStatus.QUEUED: {ResponseStatus.IN_PROGRESS, ResponseStatus.FAILED,
+                            ResponseStatus.CANCELLED},
     ResponseStatus.IN_PROGRESS: {ResponseStatus.COMPLETED, ResponseStatus.INCOMPLETE,
-                                 ResponseStatus.FAILED},
+                                 ResponseStatus.FAILED, ResponseStatus.CANCELLED},
     ResponseStatus.COMPLETED: {ResponseStatus.FAILED},
     ResponseStatus.INCOMPLETE: {ResponseStatus.FAILED},
     ResponseStatus.FAILED: set(),
+    ResponseStatus.CANCELLED: set(),
 }
+RUNNING = (ResponseStatus.QUEUED, ResponseStatus.IN_PROGRESS)
 #: An error's status as the codes a response's ``error`` may carry.
 _ERROR_CODES = {400: "invalid_prompt", 429: "rate_limit_exceeded"}
 
@@ -46,9 +52,15 @@ _ERROR_CODES = {400: "invalid_prompt", 429: "rate_limit_exceeded"}
 class ResponsesOutput:
     def __init__(self, head: Head, response_id: str, spec: ChoiceSpec, plan: ToolPlan,
                  echo: dict[str, Any], *, reasoning: ReasoningTokens,
-                 logprobs: TokenText | None) -> None:
+                 logprobs: TokenText | None, background: bool = False) -> None:
         self.tally = Tally([spec])
-        self.status = ResponseStatus.IN_PROGRESS
+        self.status = ResponseStatus.QUEUED if background else ResponseStatus.IN_PROGRESS
+        self.id = response_id
+        self.background = background
+        #: Every event said so far, as objects, for a background response's store
+        #: (taken and cleared by its runner); None: not kept.
+        self.log: list[dict[str, Any]] | None = [] if background else None
+        self.created = head.created
         self._head = head
         self._id = response_id
         self._echo = echo  # the request's settings, as every response object repeats them
@@ -64,6 +76,8 @@ class ResponsesOutput:
         event = {"type": event["type"], "sequence_number": self._sequence, **event}
         self._sequence += 1
         self._sink.append(sse.typed(event["type"], event))
+        if self.log is not None:
+            self.log.append(event)
 
     def _move(self, status: ResponseStatus) -> None:
         if status not in _NEXT[self.status]:
@@ -84,8 +98,22 @@ class ResponsesOutput:
 
     def opening(self, events: list[bytes]) -> None:
         self._sink = events
-        self._emit({"type": "response.created", "response": self.response()})
+        if self.status is ResponseStatus.QUEUED:  # created, and said so, already
+            self._move(ResponseStatus.IN_PROGRESS)
+        else:
+            self._emit({"type": "response.created", "response": self.response()})
         self._emit({"type": "response.in_progress", "response": self.response()})
+
+    def queued(self, events: list[bytes]) -> None:
+        """A background response is created: its first event, said before it begins."""
+        self._sink = events
+        self._emit({"type": "response.created", "response": self.response()})
+
+    def cancel(self) -> None:
+        """Cancelled while it ran: the item in progress ends incomplete; no event follows,
+        as in OpenAI's streams of a cancelled response."""
+        self.items.abandon()
+        self._move(ResponseStatus.CANCELLED)
 
     def stream(self, delta: ChoiceDelta, events: list[bytes]) -> None:
         self._sink = events
@@ -93,7 +121,7 @@ class ResponsesOutput:
 
     def closing(self, events: list[bytes]) -> None:
         self._sink = events
-        if self.status is ResponseStatus.IN_PROGRESS:  # every choice ends with a finish
+        if self.status in RUNNING:  # every choice ends with a finish
             raise RuntimeError("the generation ended without finishing its response")
         self._emit({"type": f"response.{self.status.value}", "response": self.response()})
 
@@ -107,10 +135,10 @@ class ResponsesOutput:
 
     def response(self) -> dict[str, Any]:
         """The response object as it stands."""
-        done = self.status is not ResponseStatus.IN_PROGRESS
+        done = self.status not in RUNNING
         return {
             "id": self._id, "object": "response", "created_at": self._head.created,
-            "status": self.status.value, "background": False,
+            "status": self.status.value, "background": self.background,
             "completed_at": self._completed_at, "error": self._error,
             "incomplete_details": ({"reason": "max_output_tokens"}
                                    if self.status is ResponseStatus.INCOMPLETE else None),

@@ -145,10 +145,11 @@ class OutputItems:
             self._end(item, ItemStatus.COMPLETED)
             return
         kind = "reasoning" if event.kind == "reasoning" else "message"
-        item = self._open
-        if item is None or item.kind != kind:
+        open_item = self._open
+        if open_item is None or open_item.kind != kind:
             self.close(ItemStatus.COMPLETED)
-            item = self._add(kind, "rs_" if kind == "reasoning" else "msg_")
+            open_item = self._add(kind, "rs_" if kind == "reasoning" else "msg_")
+        item = open_item
         if kind == "reasoning":
             item.text.append(event.text)
             self._emit(self._about(item, "response.reasoning_text.delta", content_index=0,

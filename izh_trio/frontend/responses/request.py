@@ -25,13 +25,13 @@ INCLUDES = ("message.output_text.logprobs", "reasoning.encrypted_content",
             "web_search_call.action.sources", "code_interpreter_call.outputs")
 
 
-def _one_response(_inst: Any, attr: attrs.Attribute, value: int) -> None:
+def _one_response(_inst: Any, attr: attrs.Attribute[Any], value: int) -> None:
     if value != 1:
         raise ValueError(f"'{attr.name}' is not part of the Responses API: a response is one "
                          "generation")
 
 
-def _includes(_inst: Any, attr: attrs.Attribute, value: Any) -> None:
+def _includes(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
     if value is None:
         return
     if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
@@ -42,7 +42,7 @@ def _includes(_inst: Any, attr: attrs.Attribute, value: Any) -> None:
                              f"{', '.join(INCLUDES)}")
 
 
-def _metadata(_inst: Any, attr: attrs.Attribute, value: Any) -> None:
+def _metadata(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
     """OpenAI's bounds: 16 pairs, keys of 64 characters, values of 512."""
     if value is None:
         return
@@ -53,18 +53,8 @@ def _metadata(_inst: Any, attr: attrs.Attribute, value: Any) -> None:
                          "and values of at most 512")
 
 
-def _not_yet(what: str) -> Any:
-    """Accepted by the schema, refused until the response store is wired in."""
-
-    def check(_inst: Any, attr: attrs.Attribute, value: Any) -> None:
-        if value is not None and value is not False:
-            raise ValueError(f"'{attr.name}' is not supported yet: {what}")
-
-    return check
-
-
 def _refused(why: str) -> Any:
-    def check(_inst: Any, attr: attrs.Attribute, value: Any) -> None:
+    def check(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
         if value is not None:
             raise ValueError(f"'{attr.name}' is not supported: {why}")
 
@@ -94,10 +84,8 @@ class ResponsesRequest(SamplingFields):
     safety_identifier: str | None = None
     prompt_cache_retention: str | None = None
     n: int = attrs.field(default=1, validator=_one_response)
-    previous_response_id: str | None = attrs.field(default=None, validator=_not_yet(
-        "continuing a stored response is not implemented yet; resend its items in 'input'"))
-    background: bool = attrs.field(default=False, validator=_not_yet(
-        "background responses are not implemented yet"))
+    previous_response_id: str | None = None
+    background: bool = False
     conversation: Any = attrs.field(default=None, validator=_refused(
         "conversations are not implemented; send the items in 'input'"))
     prompt: Any = attrs.field(default=None, validator=_refused(

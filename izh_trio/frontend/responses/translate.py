@@ -9,25 +9,29 @@ from typing import Any
 
 from quart import request
 
+from izh_trio.frontend.admission import Ticket
 from izh_trio.frontend.chat_parser import MARKERS, THINK_CLOSE, THINK_OPEN
 from izh_trio.frontend.chat_prompt import chat_prompt_ids
 from izh_trio.frontend.chat_template import with_reasoning_effort
 from izh_trio.frontend.chat_tools import ToolPlan
 from izh_trio.frontend.errors import APIError
-from izh_trio.frontend.generation import ChoiceSpec
+from izh_trio.frontend.generation import ChoiceSpec, GenerationPlan
 from izh_trio.frontend.openai_params import (
     check_prompt,
     request_salt,
     sampling_params,
 )
 from izh_trio.frontend.openai_shapes import TokenText
+from izh_trio.frontend.responses.background import detach as run_detached
 from izh_trio.frontend.responses.items import input_messages
 from izh_trio.frontend.responses.options import reasoning_effort, text_format, tool_plan
 from izh_trio.frontend.responses.output import ResponsesOutput
 from izh_trio.frontend.responses.output_items import ReasoningTokens
 from izh_trio.frontend.responses.request import ResponsesRequest
+from izh_trio.frontend.responses.stored import continued, input_items, reachable
+from izh_trio.frontend.responses.turn import Turn
 from izh_trio.frontend.server import Server
-from izh_trio.frontend.serving.api import Head, Job
+from izh_trio.frontend.serving.api import Answer, Head, Job, Output
 from izh_trio.frontend.serving.intake import (
     REQUEST_ID_HEADER,
     Intake,
@@ -60,7 +64,15 @@ async def responses_job(intake: Intake[ResponsesRequest]) -> Job:
                             f"{vllm.param}", param=vllm.param)
     constraint = await checked_constraint(server, plan.constraint(requested or vllm))
     effort, reasoning_echo = reasoning_effort(req.reasoning)
-    messages = input_messages(req.input, req.instructions)
+    input_messages(req.input, None)  # the new input checked alone: its errors name input[i]
+    turn = await _turn(server, req)
+    # The conversation so far, then the new input; only this request's instructions. Earlier
+    # reasoning goes in as reasoning_content and Qwen3's template decides, as it was trained:
+    # it drops it before the last user message (this turn's prompt still extends the last
+    # one's, so its blocks are prefix-cache hits) and keeps it within a tool loop.
+    before = await continued(server, req.previous_response_id) \
+        if req.previous_response_id is not None else []
+    messages = input_messages(before + turn.input_items, req.instructions)
     prompt_ids = await fitted_prompt(server, req, plan, messages, effort)
     max_tokens = req.max_output_tokens
     try:
@@ -89,11 +101,28 @@ async def responses_job(intake: Intake[ResponsesRequest]) -> Job:
 
     def output(head: Head) -> ResponsesOutput:
         response_id = f"resp_{uuid.uuid4().hex}" if given else head.id
-        return ResponsesOutput(head, response_id, spec, plan, echo,
-                               reasoning=ReasoningTokens(think, unthink), logprobs=text_of)
+        turn.output = ResponsesOutput(head, response_id, spec, plan, echo,
+                                      reasoning=ReasoningTokens(think, unthink),
+                                      logprobs=text_of, background=req.background)
+        return turn.output
+
+    async def detach(plan: GenerationPlan, ticket: Ticket, out: Output) -> Answer:
+        return await run_detached(turn, plan, ticket, out, stream=req.stream)
 
     return Job(specs=[spec], model=model, lora=lora, priority=req.priority, cache_salt=salt,
-               stream=req.stream, id_prefix="resp_", output=output)
+               stream=req.stream, id_prefix="resp_", output=output, finish=turn.finish,
+               detach=detach if req.background else None)
+
+
+async def _turn(server: Server, req: ResponsesRequest) -> Turn:
+    """What the store will keep of this response; a ``store: true`` one needs the store to
+    answer now (a 503 before generating), a background one needs ``store: true``."""
+    if req.background and not req.store:
+        raise APIError(400, "background responses must be stored: set store to true",
+                       param="background")
+    if req.store:
+        await reachable(server)
+    return Turn(server, req.store, input_items(req.input), req.previous_response_id)
 
 
 async def fitted_prompt(server: Server, req: ResponsesRequest, plan: ToolPlan,
@@ -160,11 +189,11 @@ def _echo(req: ResponsesRequest, params: SamplingParams, *, text: dict[str, Any]
     return {
         "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
         "max_tool_calls": req.max_tool_calls, "metadata": req.metadata or {},
-        "parallel_tool_calls": req.parallel_tool_calls, "previous_response_id": None,
+        "parallel_tool_calls": req.parallel_tool_calls,
+        "previous_response_id": req.previous_response_id,
         "prompt_cache_key": req.prompt_cache_key, "reasoning": reasoning,
         "safety_identifier": req.safety_identifier, "service_tier": "default",
-        # Nothing is stored yet, whatever the request asked: the store is not wired in.
-        "store": False,
+        "store": req.store,
         "temperature": params.temperature, "text": text,
         "tool_choice": req.tool_choice if req.tool_choice is not None else "auto",
         "tools": req.tools or [], "top_logprobs": req.top_logprobs or 0,

@@ -9,13 +9,18 @@ parsed body to a :class:`Job`) and an :class:`Output`; nothing else.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 import attrs
+from quart import Response
 
+from izh_trio.frontend.admission import Ticket
 from izh_trio.frontend.errors import APIError
-from izh_trio.frontend.generation import ChoiceDelta, ChoiceSpec
+from izh_trio.frontend.generation import ChoiceDelta, ChoiceSpec, GenerationPlan
+
+#: What a route answers: a JSON body, or a response (a stream).
+Answer = Response | dict[str, Any]
 
 
 @attrs.frozen
@@ -63,6 +68,11 @@ class Job:
     stream: bool = False
     id_prefix: str  # of a fresh request id: "chatcmpl-", "cmpl-"
     output: Callable[[Head], Output]
+    #: Awaited once the answer is complete, before its end is sent (a response is stored).
+    finish: Callable[[], Awaitable[None]] | None = None
+    #: Runs the generation away from the request and answers at once (a background
+    #: response); it owns the admission ticket it is given.
+    detach: Callable[[GenerationPlan, Ticket, Output], Awaitable[Answer]] | None = None
 
 
 class Tally:

@@ -26,7 +26,7 @@ from izh_trio.frontend.schemas import parse_body
 from izh_trio.frontend.server import Server, ServerState
 from izh_trio.frontend.structured import Constraint
 
-R = TypeVar("R")
+R = TypeVar("R", bound=attrs.AttrsInstance)  # a request schema (schemas.parse_body)
 
 REQUEST_ID_HEADER = "X-Request-Id"
 TIMEOUT_HEADER = "X-Request-Timeout"

@@ -15,6 +15,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
+import attrs
 from quart import Blueprint, Request, Response, request
 
 from izh_trio.frontend import access_log, request_scope, sse
@@ -26,7 +27,7 @@ from izh_trio.frontend.server import Server
 from izh_trio.frontend.serving.api import Head, Job, Output
 from izh_trio.frontend.serving.intake import Intake, deadline_of, read_request, request_id
 
-R = TypeVar("R")
+R = TypeVar("R", bound=attrs.AttrsInstance)  # a request schema
 
 log = logging.getLogger(__name__)
 
@@ -48,15 +49,23 @@ async def serve(schema: type[R], translate: Callable[[Intake[R]], Awaitable[Job]
     ticket = admit(server, request, job.specs)
     head = Head(request_id(request, job.id_prefix), int(time.time()), job.model, fingerprint)
     output = job.output(head)
+    if job.detach is not None:  # run elsewhere (a background response): it owns the ticket
+        try:
+            return await job.detach(plan, ticket, output)
+        except BaseException:
+            ticket.release()  # not detached after all (release is idempotent)
+            raise
     if job.stream:
         generation = await _open_streamed(server, plan, ticket)
-        return Response(_events(generation, output), mimetype="text/event-stream",
+        return Response(_events(generation, output, job.finish), mimetype="text/event-stream",
                         headers=sse.HEADERS)
     with ticket:
         async with open_generation(server.generation_context(), plan) as generation:
             while deltas := await generation.next():
                 for delta in deltas:
                     output.add(delta)
+    if job.finish is not None:
+        await job.finish()
     return output.body()
 
 
@@ -109,9 +118,11 @@ async def _open_streamed(server: Server, plan: GenerationPlan, ticket: Ticket) -
     return await request_scope.enter(open_generation(server.generation_context(), plan))
 
 
-async def _events(generation: Generation, output: Output) -> AsyncIterator[bytes]:
+async def _events(generation: Generation, output: Output,
+                  finish: Callable[[], Awaitable[None]] | None = None) -> AsyncIterator[bytes]:
     """The stream's body: the events of each wake-up of the generation in one write; the
-    last ones with the closing events, in one write too."""
+    last ones with the closing events, in one write too, after ``finish`` (the job's last
+    step: a stored response is stored before the client reads its end)."""
     pending: list[bytes] = []
     try:
         output.opening(pending)
@@ -129,6 +140,8 @@ async def _events(generation: Generation, output: Output) -> AsyncIterator[bytes
         output.failing(exc, pending)
     except Exception as exc:  # a bug, reported in-band too: the stream still ends as documented
         output.failing(unexpected(exc), pending)
+    if finish is not None:
+        await finish()
     yield b"".join(pending)
 
 
