@@ -29,10 +29,13 @@ from tests.e2e.conftest import (
     running_server,
     scrape,
     serve_args,
+    wait_for_metrics,
 )
 
 pytestmark = pytest.mark.timing
 
+FAILED = 'izh:responses_total{status="failed"}'
+HEALTHY = "izh:engine_healthy"
 GENERATED = "izh:generation_tokens_total"  # counted by the engine, aborted requests included
 LONG = {"input": "Tell me a long story.", "max_output_tokens": 1800, "temperature": 0,
         "ignore_eos": True, "stream": True}
@@ -98,3 +101,26 @@ async def test_an_engine_failure_mid_stream_ends_in_response_failed(hf_dir: Path
         assert "engine" in failed.error.message
         [message] = failed.output  # what was said before the failure, left incomplete
         assert message.status == "incomplete" and message.content[0].text
+        assert scrape(base)[FAILED] == 1
+
+        # A plain request whose engine dies under it is an error status, and counted too.
+        wait_for_metrics(base, lambda m: m[HEALTHY] == 1 and m[RUNNING] == 0,
+                         what="the engine respawned")
+        dead, child = child, engine_pid(proc.pid)
+        assert child != dead
+        async with httpx.AsyncClient(timeout=30) as client, trio.open_nursery() as nursery:
+            answers: list[httpx.Response] = []
+
+            async def post() -> None:
+                answers.append(await client.post(base + "/v1/responses",
+                                                 json={**LONG, "stream": False}))
+
+            nursery.start_soon(post)
+            with trio.fail_after(30):
+                while scrape(base)[RUNNING] != 1:
+                    await trio.sleep(0.01)
+            os.kill(child, signal.SIGKILL)
+        [answer] = answers
+        assert answer.status_code == 500, answer.text
+        assert "engine" in answer.json()["error"]["message"]
+        assert scrape(base)[FAILED] == 2

@@ -11,7 +11,7 @@ import attrs
 
 from izh_trio.frontend.errors import APIError
 from izh_trio.frontend.response_store import StoredResponse
-from izh_trio.frontend.responses.output import ResponsesOutput
+from izh_trio.frontend.responses.output import RUNNING, ResponsesOutput
 from izh_trio.frontend.responses.stored import counted, save, store_errors
 from izh_trio.frontend.server import Server
 
@@ -38,9 +38,13 @@ class Turn:
                               response=out.response(), input_items=self.input_items,
                               previous_response_id=self.previous_id)
 
-    async def finish(self) -> None:
+    async def finish(self, error: APIError | None) -> None:
         """A foreground response has ended: stored if asked, and counted. A store that fails
-        now (it answered before the generation) costs the record, not the answer."""
+        now (it answered before the generation) costs the record, not the answer. One that
+        failed before any of it was sent (an error status, no response) is counted only."""
+        if error is not None and self.out.status in RUNNING:
+            counted(self.server, "failed")
+            return
         if not self.store:
             counted(self.server, self.out.status.value)
             return

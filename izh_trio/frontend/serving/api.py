@@ -68,8 +68,9 @@ class Job:
     stream: bool = False
     id_prefix: str  # of a fresh request id: "chatcmpl-", "cmpl-"
     output: Callable[[Head], Output]
-    #: Awaited once the answer is complete, before its end is sent (a response is stored).
-    finish: Callable[[], Awaitable[None]] | None = None
+    #: Awaited once the answer is complete, before its end is sent (a response is stored),
+    #: with the error that ended it if one did (a non-streamed answer then raises it after).
+    finish: Callable[[APIError | None], Awaitable[None]] | None = None
     #: Runs the generation away from the request and answers at once (a background
     #: response); it owns the admission ticket it is given.
     detach: Callable[[GenerationPlan, Ticket, Output], Awaitable[Answer]] | None = None

@@ -59,13 +59,18 @@ async def serve(schema: type[R], translate: Callable[[Intake[R]], Awaitable[Job]
         generation = await _open_streamed(server, plan, ticket)
         return Response(_events(generation, output, job.finish), mimetype="text/event-stream",
                         headers=sse.HEADERS)
-    with ticket:
-        async with open_generation(server.generation_context(), plan) as generation:
-            while deltas := await generation.next():
-                for delta in deltas:
-                    output.add(delta)
+    try:
+        with ticket:
+            async with open_generation(server.generation_context(), plan) as generation:
+                while deltas := await generation.next():
+                    for delta in deltas:
+                        output.add(delta)
+    except APIError as exc:
+        if job.finish is not None:
+            await job.finish(exc)
+        raise
     if job.finish is not None:
-        await job.finish()
+        await job.finish(None)
     return output.body()
 
 
@@ -119,11 +124,13 @@ async def _open_streamed(server: Server, plan: GenerationPlan, ticket: Ticket) -
 
 
 async def _events(generation: Generation, output: Output,
-                  finish: Callable[[], Awaitable[None]] | None = None) -> AsyncIterator[bytes]:
+                  finish: Callable[[APIError | None], Awaitable[None]] | None = None
+                  ) -> AsyncIterator[bytes]:
     """The stream's body: the events of each wake-up of the generation in one write; the
     last ones with the closing events, in one write too, after ``finish`` (the job's last
     step: a stored response is stored before the client reads its end)."""
     pending: list[bytes] = []
+    error: APIError | None = None
     try:
         output.opening(pending)
         if pending:
@@ -137,11 +144,13 @@ async def _events(generation: Generation, output: Output,
                 pending.clear()
         output.closing(pending)
     except APIError as exc:  # the status line is gone: report in-band, then end the stream
+        error = exc
         output.failing(exc, pending)
     except Exception as exc:  # a bug, reported in-band too: the stream still ends as documented
-        output.failing(unexpected(exc), pending)
+        error = unexpected(exc)
+        output.failing(error, pending)
     if finish is not None:
-        await finish()
+        await finish(error)
     yield b"".join(pending)
 
 
