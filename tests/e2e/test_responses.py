@@ -9,6 +9,7 @@ Every response and event is validated by the SDK's own pydantic models (``Respon
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 import httpx
@@ -239,9 +240,11 @@ def test_prompt_cache_key_partitions_the_prefix_cache(client: openai.OpenAI) -> 
                                       prompt_cache_key=key)
         return out.usage.input_tokens_details.cached_tokens
 
-    assert cached("tenant-a") == 0
-    assert cached("tenant-a") > 200
-    assert cached("tenant-b") == 0
+    # keys of this test's own: the session's server is shared, and other tests salt prompts
+    tenant_a, tenant_b = (f"responses-{uuid.uuid4().hex}" for _ in range(2))
+    assert cached(tenant_a) == 0
+    assert cached(tenant_a) > 200
+    assert cached(tenant_b) == 0
 
 
 def test_truncation_auto_drops_the_oldest_items(server: str) -> None:

@@ -45,7 +45,7 @@ from pathlib import Path
 import trio
 
 from izh_trio import wire as w
-from izh_trio.engine.process import _EOF, _read_frames
+from izh_trio.engine.process import _read_frames
 from izh_trio.frontend.request_stream import Notifier, RequestStream
 from izh_trio.wire.codec import HEADER_SIZE, decode_payload
 
@@ -113,7 +113,7 @@ def child(cfg: dict) -> int:
             while True:
                 msgs.append(inbox.get_nowait())
         for msg in msgs:
-            if msg is _EOF or isinstance(msg, w.Shutdown | Exception):
+            if msg is None or isinstance(msg, w.Shutdown | Exception):  # None: the pipe closed
                 return False
             if isinstance(msg, w.AddRequest):
                 running[msg.request_id] = [len(msg.prompt_token_ids), 0]
