@@ -14,8 +14,9 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import httpx
@@ -63,6 +64,30 @@ http {{
     return main
 
 
+@contextmanager
+def running_nginx(tmp: Path, front: int, a: int, b: int) -> Iterator[str]:
+    """nginx on ``front`` in front of the replicas on ``a`` and ``b``, once it answers
+    /health; its base URL. Stopped after."""
+    with open(tmp / "nginx.out", "wb") as out:
+        nginx = subprocess.Popen([NGINX, "-c", str(_nginx_conf(tmp, front, a, b)), "-p",
+                                  str(tmp)], stderr=subprocess.STDOUT, stdout=out)
+        try:
+            base = f"http://127.0.0.1:{front}"
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    if httpx.get(base + "/health", timeout=1).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert time.monotonic() < deadline, (tmp / "error.log").read_text()
+                time.sleep(0.05)
+            yield base
+        finally:
+            nginx.terminate()
+            nginx.wait(10)
+
+
 def test_draining_one_replica_loses_no_request(hf_dir: Path, tmp_path: Path) -> None:
     a, b, front = free_port(), free_port(), free_port()
     with ExitStack() as stack:
@@ -71,22 +96,7 @@ def test_draining_one_replica_loses_no_request(hf_dir: Path, tmp_path: Path) -> 
             env=PACED))
         stack.enter_context(running_server(serve_args(hf_dir, b), tmp_path / "b.log", port=b,
                                            env=PACED))
-        conf = _nginx_conf(tmp_path, front, a, b)
-        out = stack.enter_context(open(tmp_path / "nginx.out", "wb"))
-        nginx = subprocess.Popen([NGINX, "-c", str(conf), "-p", str(tmp_path)],
-                                 stderr=subprocess.STDOUT, stdout=out)
-        stack.callback(nginx.wait, 10)
-        stack.callback(nginx.terminate)
-        base = f"http://127.0.0.1:{front}"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(base + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, (tmp_path / "error.log").read_text()
-            time.sleep(0.05)
+        base = stack.enter_context(running_nginx(tmp_path, front, a, b))
 
         def one(i: int) -> tuple[int, str | None, int]:
             body = {"prompt": f"request {i}", "max_tokens": 60, "temperature": 0,

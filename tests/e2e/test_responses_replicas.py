@@ -5,8 +5,6 @@ both)."""
 
 from __future__ import annotations
 
-import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -23,7 +21,7 @@ from tests.e2e.conftest import (
     serve_args,
     wait_for_metrics,
 )
-from tests.e2e.test_load_balancer import NGINX, _nginx_conf
+from tests.e2e.test_load_balancer import NGINX, running_nginx
 from tests.e2e.test_responses_background import LONG, count, followed, text_of, wait_for
 from tests.redis_server import running_redis
 
@@ -43,21 +41,7 @@ def replicas(hf_dir: Path, tmp_path_factory: pytest.TempPathFactory
             stack.enter_context(running_server(
                 serve_args(hf_dir, port, "--served-model-name", "qwen3-test",
                            "--response-store", url), tmp / f"{name}.log", port=port, env=PACED))
-        out = stack.enter_context(open(tmp / "nginx.out", "wb"))
-        nginx = subprocess.Popen([NGINX, "-c", str(_nginx_conf(tmp, front, a, b)), "-p",
-                                  str(tmp)], stderr=subprocess.STDOUT, stdout=out)
-        stack.callback(nginx.wait, 10)
-        stack.callback(nginx.terminate)
-        base = f"http://127.0.0.1:{front}"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(base + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, (tmp / "error.log").read_text()
-            time.sleep(0.05)
+        base = stack.enter_context(running_nginx(tmp, front, a, b))
         yield f"http://127.0.0.1:{a}", f"http://127.0.0.1:{b}", base
 
 
