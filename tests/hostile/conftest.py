@@ -1,21 +1,19 @@
 """A real server for hostile requests, watched from outside while they land.
 
-Every hostile test runs its requests inside :func:`watched`: another process polls
-``/health`` the whole time (the event loop must never stall), and afterwards the server must
-be the same process with the same engine core, idle (nothing running, waiting, held in the
-KV cache or in flight) and with no traceback in its log.
+Every hostile test runs its requests inside :func:`watched`: a thread polls ``/health`` the
+whole time (the event loop must never stall), and afterwards the server must be the same
+process with the same engine core, idle (nothing running, waiting, held in the KV cache or
+in flight) and with no traceback in its log.
 """
 
 from __future__ import annotations
 
 import array
 import fcntl
-import json
 import os
 import signal
-import subprocess
-import sys
 import termios
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -65,6 +63,37 @@ KEY = "hostile-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
+@attrs.define
+class HealthWatch:
+    """Polls /health from a thread; every answer's latency (or the failure) is kept."""
+
+    base: str
+    latencies: list[float] = attrs.Factory(list)
+    failures: list[str] = attrs.Factory(list)
+    _stop: threading.Event = attrs.Factory(threading.Event)
+
+    def run(self) -> None:
+        with httpx.Client(timeout=10) as client:
+            while not self._stop.is_set():
+                start = time.monotonic()
+                try:
+                    r = client.get(self.base + "/health")
+                    if r.status_code != 200:
+                        self.failures.append(f"/health answered {r.status_code}")
+                except httpx.HTTPError as exc:
+                    self.failures.append(f"/health failed: {exc!r}")
+                self.latencies.append(time.monotonic() - start)
+                self._stop.wait(0.02)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def wait_for_answers(self, count: int, within: float = 30.0) -> None:
+        deadline = time.monotonic() + within
+        while len(self.latencies) < count and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+
 def wait_idle(base: str, within: float = IDLE_WITHIN) -> dict[str, float]:
     deadline = time.monotonic() + within
     while True:
@@ -77,32 +106,23 @@ def wait_idle(base: str, within: float = IDLE_WITHIN) -> dict[str, float]:
         time.sleep(0.02)
 
 
-WATCHER = Path(__file__).with_name("health_watcher.py")
-
-
 @contextmanager
-def watched(server: HostileServer) -> Iterator[None]:
-    """Run hostile requests while another process polls /health (``health_watcher.py``); then
-    check the server came through: every answer within the bound, the same engine core, idle,
-    and no traceback in the log."""
+def watched(server: HostileServer) -> Iterator[HealthWatch]:
+    """Run hostile requests under a /health watch; then check the server came through."""
     server.log_offset = len(server.log.read_text(errors="replace"))
-    watcher = subprocess.Popen([sys.executable, str(WATCHER), server.base],
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    out = ""
+    watch = HealthWatch(server.base)
+    thread = threading.Thread(target=watch.run, daemon=True)
+    thread.start()
+    watch.wait_for_answers(1)
     try:
-        assert watcher.stdout is not None and watcher.stdout.readline() == "watching\n"
-        yield
+        yield watch
     finally:
-        try:
-            out, _ = watcher.communicate(timeout=60)
-        finally:
-            if watcher.poll() is None:  # it did not finish: not left behind
-                watcher.kill()
-                watcher.wait()
-    assert out.strip(), "the /health watcher reported nothing"
-    watch = json.loads(out.splitlines()[-1])
-    assert not watch["failures"], watch["failures"][:5]
-    worst = max(watch["latencies"])
+        watch.wait_for_answers(len(watch.latencies) + 1)  # one more, after the last request
+        watch.stop()
+        thread.join(15)
+    assert not watch.failures, watch.failures[:5]
+    assert watch.latencies, "/health was never asked"
+    worst = max(watch.latencies)
     assert worst < HEALTH_BOUND, f"/health took {worst * 1000:.0f} ms (bound {HEALTH_BOUND}s)"
     assert engine_pid(server.pid) == server.engine, "the engine core was replaced"
     wait_idle(server.base)
