@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 
 from izh_trio.frontend.admission import AdmissionStatistics
 from izh_trio.frontend.engine_client import ClientState, ClientStatistics
+from izh_trio.frontend.loop_lag import LoopLag
 
 disable_created_metrics()  # the *_created series only add noise to every scrape
 
@@ -90,6 +91,7 @@ class Metrics:
                              buckets=_LATENCY_BUCKETS, registry=r)
         self.e2e = Histogram("izh:e2e_request_latency_seconds", "Arrival to last token.",
                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.loop_lag = LoopLag(r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

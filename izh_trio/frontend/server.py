@@ -125,6 +125,7 @@ class Server:
         self.model_name = self.settings.model_name(self.model_dir)
         if self.model_name in self.loras:
             raise ValueError(f"LoRA adapter name {self.model_name!r} is the served model's name")
+        nursery.start_soon(self.metrics.loop_lag.watch)
         await self._open_store(nursery)
         heap.map_big_buffers()  # before the tokenizer's and requests' big allocations
         self._tokenizer = await trio.to_thread.run_sync(ModelTokenizer, self.model_dir)

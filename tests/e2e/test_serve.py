@@ -14,7 +14,7 @@ import pytest
 import torch
 import transformers
 
-from tests.e2e.conftest import free_port, running_server, serve_args
+from tests.e2e.conftest import free_port, running_server, serve_args, wait_for_metrics
 
 
 def test_greedy_tokens_equal_transformers(server: str, hf_dir: Path) -> None:
@@ -61,6 +61,10 @@ def test_models_health_and_metrics(server: str) -> None:
     for name in ("izh:num_requests_running", "izh:num_requests_waiting",
                  "izh:kv_cache_usage_perc", "izh:time_to_first_token_seconds_bucket"):
         assert name in metrics
+    # The event loop is sampled from start-up on: its lag is there once the server serves.
+    samples = wait_for_metrics(server, lambda m: m["izh:event_loop_lag_seconds_count"] > 0,
+                               what="an event-loop lag sample")
+    assert samples["izh:event_loop_lag_max_seconds"] >= 0
 
 
 @pytest.mark.parametrize(

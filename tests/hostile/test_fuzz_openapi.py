@@ -22,12 +22,8 @@ runs derandomized and without its example database: CI draws the same cases ever
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +41,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from tests.e2e.conftest import engine_pid
-from tests.hostile.conftest import AUTH, HEALTH_BOUND, HostileServer, wait_idle, watched
+from tests.hostile.conftest import AUTH, HostileServer, watched
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC: dict[str, Any] = json.loads((ROOT / "schemas" / "openapi.json").read_text())
@@ -171,53 +166,6 @@ def check_stream(path: str, body: bytes) -> list[dict[str, Any]]:
     return events
 
 
-# The /health poller, in a process of its own: this process draws the cases, and hypothesis's
-# bookkeeping grows until a full garbage collection stops every thread here for up to ~0.8 s,
-# which a poller thread here would charge to the server.
-_WATCHER = """
-import json, sys, threading
-from tests.hostile.conftest import HealthWatch
-watch = HealthWatch(sys.argv[1])
-thread = threading.Thread(target=watch.run, daemon=True)
-thread.start()
-watch.wait_for_answers(1)
-print("watching", flush=True)
-sys.stdin.read()  # until the test is done
-watch.wait_for_answers(len(watch.latencies) + 1)  # one more, after the last request
-watch.stop()
-thread.join(15)
-print(json.dumps({"latencies": watch.latencies, "failures": watch.failures}), flush=True)
-"""
-
-
-@contextmanager
-def watched_from_outside(server: HostileServer) -> Iterator[None]:
-    """``watched``, with /health polled from another process: every answer within the bound,
-    then the same engine core, idle, and no traceback in the log."""
-    server.log_offset = len(server.log.read_text(errors="replace"))
-    watcher = subprocess.Popen([sys.executable, "-c", _WATCHER, server.base], cwd=ROOT,
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert watcher.stdout is not None and watcher.stdout.readline() == "watching\n"
-        yield
-    finally:
-        try:
-            out, _ = watcher.communicate(timeout=60)
-        finally:
-            if watcher.poll() is None:  # it did not finish: not left behind
-                watcher.kill()
-                watcher.wait()
-    assert out.strip(), "the /health watcher reported nothing"
-    watch = json.loads(out.splitlines()[-1])
-    assert not watch["failures"], watch["failures"][:5]
-    worst = max(watch["latencies"])
-    assert worst < HEALTH_BOUND, f"/health took {worst * 1000:.0f} ms (bound {HEALTH_BOUND}s)"
-    assert engine_pid(server.pid) == server.engine, "the engine core was replaced"
-    wait_idle(server.base)
-    log = server.new_log()
-    assert "Traceback" not in log, log[-3000:]
-
-
 # --- the fuzz ------------------------------------------------------------------------------
 
 
@@ -245,7 +193,7 @@ def test_generation_routes_answer_as_documented(hostile_server: HostileServer,
         seen[key] += 1
 
     start = time.monotonic()
-    with requests.Session() as session, watched_from_outside(hostile_server):
+    with requests.Session() as session, watched(hostile_server):
         fuzz()
     print(f"\n{path}: {sum(seen.values())} cases in {time.monotonic() - start:.0f} s: "
           f"{dict(seen.most_common())}")
