@@ -114,6 +114,8 @@ class EngineCore:
             return "the prompt is empty"
         if any(not 0 <= t < vocab for t in req.prompt_token_ids):
             return f"prompt token ids must be in [0, {vocab})"
+        if any(t >= vocab for t in req.params.think_end):  # forced into the output
+            return f"think_end token ids must be in [0, {vocab})"
         if n + req.params.max_tokens > self.max_model_len:
             return (f"this model's maximum context length is {self.max_model_len} tokens; "
                     f"the request asks for {n} prompt + {req.params.max_tokens} output tokens")

@@ -15,6 +15,7 @@ from izh_trio.engine.guided import GuidedDecoding
 from izh_trio.engine.logits_processors import process_logits
 from izh_trio.engine.logprobs import token_logprobs
 from izh_trio.engine.sequence import Sequence
+from izh_trio.engine.think_budget import force_think_end
 from izh_trio.wire import TokenLogprobs
 
 
@@ -45,7 +46,10 @@ class Sampler:
             tokens[random_rows] = self._sample_random(processed[random_rows],
                                                       [seqs[i] for i in random_rows])
         token_ids = tokens.tolist()
-        if self._guided is not None and self._guided.keep_closable(token_ids, seqs):
+        # Tokens substituted here are reported with their logprobs under the step's logits.
+        replaced = self._guided is not None and self._guided.keep_closable(token_ids, seqs)
+        replaced |= force_think_end(token_ids, seqs)
+        if replaced:
             tokens = torch.tensor(token_ids, device=tokens.device)
         return Sampled(token_ids, self._logprobs(logits, tokens, seqs))
 

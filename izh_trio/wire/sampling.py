@@ -62,6 +62,19 @@ class SamplingParams:
     #: Guided decoding: an llguidance grammar (lark, or its JSON form) the output must match,
     #: and end within ``max_tokens``.
     grammar: str | None = None
+    #: A thinking budget: once this many output tokens are out and none of them was
+    #: ``think_end[0]``, the engine forces ``think_end`` as the next tokens (``think_budget.py``
+    #: in the engine). None: no budget.
+    think_budget: int | None = attrs.field(default=None, validator=v.optional(v.ge(1)))
+    #: The tokens that close a think block (Qwen3: ``</think>``, ``\n\n``), forced in order.
+    think_end: tuple[int, ...] = attrs.field(default=(), converter=ints, validator=_token_ids)
+
+    def __attrs_post_init__(self) -> None:
+        if self.think_budget is not None and not self.think_end:
+            raise ValueError("think_budget needs think_end: the tokens that close a think block")
+        if self.think_budget is not None and self.grammar is not None:
+            raise ValueError("think_budget and grammar cannot be combined: a constrained "
+                             "output has no room for a forced think end")
 
     @property
     def penalized(self) -> bool:

@@ -34,8 +34,20 @@ texts = st.text(max_size=12)
 int64 = st.integers(-(2**63), 2**63 - 1)
 unit = st.floats(0.0, 1.0, allow_nan=False)
 
+#: (think_budget, think_end): none, or a budget with the tokens it forces.
+thinking = st.just((None, ())) | st.tuples(st.integers(1, 2**31),
+                                          st.lists(st.integers(0, 2**31 - 1), min_size=1,
+                                                   max_size=3))
+
+
+def _sampling_params(thinking: tuple[int | None, list[int]], **kwargs: Any) -> SamplingParams:
+    budget, end = thinking
+    return SamplingParams(think_budget=budget, think_end=end, **kwargs)
+
+
 sampling_params = st.builds(
-    SamplingParams,
+    _sampling_params,
+    thinking=thinking,
     max_tokens=st.integers(1, 2**31),
     temperature=st.floats(0.0, 100.0, allow_nan=False),
     top_p=st.floats(0.0, 1.0, exclude_min=True),
@@ -111,6 +123,8 @@ FULL_PARAMS = SamplingParams(
     ignore_eos=True,
     stop_token_ids=(5, 6, 7),
     min_tokens=3,
+    think_budget=512,
+    think_end=(151668, 271),
 )
 
 #: Concrete values of every tagged class, each nested class and optional field filled in.
@@ -540,6 +554,11 @@ def test_an_int_is_accepted_for_a_float() -> None:
         {"max_tokens": -5},
         {"min_tokens": -1},
         {"stop_token_ids": [3, -1]},
+        {"think_budget": 0, "think_end": [5]},
+        {"think_budget": 8},
+        {"think_budget": 8, "think_end": []},
+        {"think_budget": 8, "think_end": [5], "grammar": "start: /a+/"},
+        {"think_end": [-1]},
     ],
     ids=repr,
 )
@@ -573,6 +592,13 @@ def test_sampling_params_validated_inside_add_request(params: dict[str, Any]) ->
         {"seed": 1.5},
         {"seed": "7"},
         {"temperature": "warm"},
+        {"think_budget": 0, "think_end": (5,)},
+        {"think_budget": -3, "think_end": (5,)},
+        {"think_budget": 8},
+        {"think_budget": 8, "think_end": ()},
+        {"think_budget": 8, "think_end": (5,), "grammar": "start: /a+/"},
+        {"think_end": (5, -1)},
+        {"think_end": ("5",)},
     ],
     ids=repr,
 )
