@@ -14,6 +14,8 @@ from izh_trio.frontend.access_log import with_access_log
 from izh_trio.frontend.asgi import close_unless_body_read, shield_last_send
 from izh_trio.frontend.auth import OPEN_PATHS, authorized, bearer_token, key_bytes
 from izh_trio.frontend.errors import APIError, error_body
+from izh_trio.frontend.messages.errors import anthropic_error, anthropic_status, speaks_anthropic
+from izh_trio.frontend.messages.route import bp as messages_bp
 from izh_trio.frontend.request_scope import with_request_scope
 from izh_trio.frontend.responses.route import bp as responses_bp
 from izh_trio.frontend.routes import BLUEPRINTS
@@ -52,7 +54,7 @@ def create_app(settings: Settings) -> QuartTrio:
         if not keys or request.path in OPEN_PATHS:
             return None
         if not authorized(bearer_token(request.scope["headers"]), keys):
-            return error_body(401, "invalid or missing API key", code="invalid_api_key"), 401
+            return _error(401, "invalid or missing API key", code="invalid_api_key")
         return None
 
     @app.after_request
@@ -64,26 +66,36 @@ def create_app(settings: Settings) -> QuartTrio:
 
     @app.errorhandler(APIError)
     async def _api_error(exc: APIError) -> Any:
-        return exc.body(), exc.status, exc.headers
+        return _error(exc.status, exc.message, param=exc.param, code=exc.code,
+                      headers=exc.headers)
 
     @app.errorhandler(HTTPException)
     async def _http_error(exc: HTTPException) -> Any:
         status = exc.code or 500
         headers = {"Allow": ", ".join(exc.valid_methods)} if isinstance(
             exc, MethodNotAllowed) and exc.valid_methods else {}
-        return error_body(status, exc.description or exc.name), status, headers
+        return _error(status, exc.description or exc.name, headers=headers)
 
     @app.errorhandler(Exception)
     async def _unexpected(exc: Exception) -> Any:
         log.exception("unhandled error in %s %s", request.method, request.path)
-        return error_body(500, f"internal server error ({type(exc).__name__})"), 500
+        return _error(500, f"internal server error ({type(exc).__name__})")
 
-    for bp in (*BLUEPRINTS, responses_bp):
+    for bp in (*BLUEPRINTS, responses_bp, messages_bp):
         app.register_blueprint(bp)
     # quart documents replacing asgi_app to wrap the app, but types it as a method
     app.asgi_app = with_access_log(  # type: ignore[method-assign, assignment]
         with_request_scope(close_unless_body_read(shield_last_send(app.asgi_app))))
     return app
+
+
+def _error(status: int, message: str, *, param: str | None = None, code: str | None = None,
+           headers: dict[str, str] | None = None) -> tuple[dict[str, Any], int, dict[str, str]]:
+    """An error answer in the shape of the API the request's path belongs to: Anthropic's
+    under /v1/messages (with its statuses), OpenAI's everywhere else."""
+    if speaks_anthropic(request.path):
+        return anthropic_error(status, message), anthropic_status(status), headers or {}
+    return error_body(status, message, param=param, code=code), status, headers or {}
 
 
 def _startup_failure_in_one_line(record: logging.LogRecord) -> bool:

@@ -25,13 +25,19 @@ def key_bytes(keys: Iterable[str]) -> tuple[bytes, ...]:
 
 
 def bearer_token(headers: Iterable[tuple[bytes, bytes]]) -> bytes:
-    """The token of the first ``Authorization: Bearer <token>`` header, as sent; b"" if the
-    first Authorization header is not a bearer one, or there is none."""
+    """The key a request carries, as sent: the token of its first ``Authorization: Bearer
+    <token>`` header (OpenAI's clients), else its first ``x-api-key`` header (Anthropic's);
+    b"" if it has neither (an Authorization header of another scheme carries no key)."""
+    bearer: bytes | None = None
+    api_key: bytes | None = None
     for name, value in headers:
-        if name.lower() == b"authorization":
+        name = name.lower()
+        if name == b"authorization" and bearer is None:
             scheme, _, token = value.strip().partition(b" ")
-            return token.strip() if scheme.lower() == b"bearer" else b""
-    return b""
+            bearer = token.strip() if scheme.lower() == b"bearer" else b""
+        elif name == b"x-api-key" and api_key is None:
+            api_key = value.strip()
+    return bearer or api_key or b""
 
 
 def authorized(token: bytes, keys: Sequence[bytes]) -> bool:

@@ -35,6 +35,8 @@ TIME_TOOL = {"type": "function", "function": {"name": "get_time", "parameters": 
     "type": "object", "properties": {"tz": {"enum": ["UTC", "CET", "PST"]}},
     "required": ["tz"], "additionalProperties": False}}}
 HI = [{"role": "user", "content": "hi"}]
+MESSAGES = "/v1/messages"
+COUNT_TOKENS = "/v1/messages/count_tokens"
 #: The routes anyone may ask when keys are configured; every other one needs a key.
 OPEN_PATHS = {"/health", "/ready", "/metrics", "/version", "/openapi.json"}
 
@@ -80,12 +82,12 @@ def documented(spec: dict[str, Any], method: str, path: str, status: int) -> dic
     """The response object the document gives for this route, method and status.
 
     A path the server does not serve, or a method a served path does not accept, answers
-    with the document's shared NotFound or MethodNotAllowed response.
+    with the document's shared UnknownPath or MethodNotAllowed response.
     """
     item = spec["paths"].get(path)
     if item is None:
         assert status == 404, (path, status)
-        return deref(spec, spec["components"]["responses"]["NotFound"])
+        return deref(spec, spec["components"]["responses"]["UnknownPath"])
     op = item.get(method.lower())
     if op is None:
         assert status == 405, (method, path, status)
@@ -123,10 +125,11 @@ def post(server: str, path: str, body: Any, **kwargs: Any) -> httpx.Response:
 
 def event_schema(spec: dict[str, Any], path: str) -> dict[str, Any]:
     """The schema of one stream event's JSON: the ``contentSchema`` of the data of the
-    route's ``itemSchema`` (OpenAPI 3.2), the JSON branch beside the literal ``[DONE]``."""
+    route's ``itemSchema`` (OpenAPI 3.2); for a data-only stream, the JSON branch beside the
+    literal ``[DONE]``."""
     media = documented(spec, "post", path, 200)["content"]["text/event-stream"]
     data = deref(spec, media["itemSchema"])["properties"]["data"]
-    [json_data] = [branch for branch in data["anyOf"] if "contentSchema" in branch]
+    [json_data] = [branch for branch in data.get("anyOf", [data]) if "contentSchema" in branch]
     assert json_data["contentMediaType"] == "application/json"
     return json_data["contentSchema"]
 
@@ -151,6 +154,47 @@ def stream(spec: dict[str, Any], server: str, path: str, body: dict[str, Any]) -
     for event in events:
         assert "error" not in event, event
         event_validator.validate(event)
+    return events
+
+
+def sse_items(lines: Iterator[str]) -> list[dict[str, str]]:
+    """A stream's events as an SSE parser gives them: ``event`` (``message`` when the server
+    names none) and ``data`` (its data lines joined)."""
+    items: list[dict[str, str]] = []
+    event: str | None = None
+    datas: list[str] = []
+    for line in [*lines, ""]:
+        if not line:
+            if datas:
+                items.append({"event": event or "message", "data": "\n".join(datas)})
+            event, datas = None, []
+        elif line.startswith("event:"):
+            event = line[len("event:"):].removeprefix(" ")
+        elif line.startswith("data:"):
+            datas.append(line[len("data:"):].removeprefix(" "))
+    return items
+
+
+def typed_stream(spec: dict[str, Any], server: str, path: str, body: dict[str, Any],
+                 **kwargs: Any) -> list[dict[str, Any]]:
+    """Every event of a stream whose events are named by their type (the Messages API's),
+    validated: the whole stream against the documented schema, each event against the
+    ``itemSchema``, its data against the ``contentSchema``, and its name against its type."""
+    with httpx.stream("POST", server + path, json=body, timeout=TIMEOUT, **kwargs) as r:
+        assert r.status_code == 200, r.read()
+        assert media_type(r) == "text/event-stream"
+        items = sse_items(r.iter_lines())
+    media = documented(spec, "post", path, 200)["content"]["text/event-stream"]
+    validate(spec, media["schema"], items)
+    item_validator = validator(spec, media["itemSchema"])
+    event_validator = validator(spec, event_schema(spec, path))
+    events = []
+    for item in items:  # contentSchema is an annotation here: the JSON is checked below
+        item_validator.validate(item)
+        event = json.loads(item["data"])
+        event_validator.validate(event)
+        assert event["type"] == item["event"], item
+        events.append(event)
     return events
 
 
@@ -195,10 +239,10 @@ def test_document_is_well_formed(spec: dict[str, Any]) -> None:
                         Draft202012Validator.check_schema(media["itemSchema"])
             names = {deref(spec, p)["name"] for p in op.get("parameters", [])}
             assert "X-Request-Id" in names, (method, path)
-            # Bearer auth guards every route but the probes and the server's self-description,
-            # and only when keys are configured.
+            # A key (Authorization: Bearer, or x-api-key) guards every route but the probes and
+            # the server's self-description, and only when keys are configured.
             if path not in OPEN_PATHS:
-                assert op["security"] == [{"bearerAuth": []}, {}], path
+                assert op["security"] == [{"bearerAuth": []}, {"apiKeyAuth": []}, {}], path
                 assert "401" in statuses
             else:
                 assert "security" not in op and "401" not in statuses, path
@@ -225,6 +269,21 @@ def test_document_is_well_formed(spec: dict[str, Any]) -> None:
     assert spec["components"]["securitySchemes"]["bearerAuth"] == {
         **spec["components"]["securitySchemes"]["bearerAuth"], "type": "http",
         "scheme": "bearer"}
+    assert spec["components"]["securitySchemes"]["apiKeyAuth"] == {
+        **spec["components"]["securitySchemes"]["apiKeyAuth"], "type": "apiKey",
+        "in": "header", "name": "x-api-key"}
+    # The Messages routes: Anthropic's typed stream, and every error in Anthropic's shape.
+    content = spec["paths"][MESSAGES]["post"]["responses"]["200"]["content"]
+    assert set(content) == {"application/json", "text/event-stream"}
+    assert content["text/event-stream"]["itemSchema"] == component("MessagesServerSentEvent")
+    assert event_schema(spec, MESSAGES) == component("MessagesStreamEvent")
+    for path in (MESSAGES, COUNT_TOKENS):
+        statuses = spec["paths"][path]["post"]["responses"]
+        assert "529" in statuses and "503" not in statuses, path
+        for status, response in statuses.items():
+            if status != "200":
+                [schema] = [m["schema"] for m in deref(spec, response)["content"].values()]
+                assert schema["allOf"][0] == component("MessagesErrorResponse"), (path, status)
 
 
 def test_every_registered_route_is_documented_and_nothing_else(spec: dict[str, Any]) -> None:
@@ -423,7 +482,8 @@ def test_error_bodies_validate(server: str, spec: dict[str, Any], method: str, p
 
 
 def test_a_body_that_is_not_json_is_a_documented_400(server: str, spec: dict[str, Any]) -> None:
-    for path in ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"):
+    for path in ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", MESSAGES,
+                 COUNT_TOKENS):
         r = httpx.post(server + path, content=b"{not json", timeout=TIMEOUT,
                        headers={"Content-Type": "application/json"})
         assert r.status_code == 400
@@ -616,6 +676,316 @@ def test_rejected_requests_fail_the_request_schema(server: str, spec: dict[str, 
     assert check(spec, "POST", path, r)["error"]["param"] == param
 
 
+# --- (3b) the Messages API (Anthropic's) --------------------------------------------------------
+
+#: TIME_TOOL, as Anthropic's API spells a tool.
+TIME = {"name": "get_time", "description": "The time in a zone.",
+        "input_schema": TIME_TOOL["function"]["parameters"]}
+CALLED = [*HI, {"role": "assistant", "content": [
+    {"type": "thinking", "thinking": "The user greets me.", "signature": "sig"},
+    {"type": "text", "text": "Checking."},
+    {"type": "tool_use", "id": "toolu_1", "name": "get_time", "input": {"tz": "UTC"}}]},
+    {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_1", "content": "12:00"},
+        {"type": "text", "text": "And now?"}]}]
+
+
+def reassemble(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """The message a Messages stream builds, as Anthropic's SDKs build it: message_start's,
+    each block from its start and deltas (a call's input from its JSON), then message_delta's
+    stop reason and usage. Each delta and stop is for the block still open."""
+    [start] = [e for e in events if e["type"] == "message_start"]
+    message = copy.deepcopy(start["message"])
+    blocks = message["content"]
+    open_index: int | None = None
+    partial = ""
+    for event in events:
+        kind = event["type"]
+        if kind == "content_block_start":
+            assert open_index is None and event["index"] == len(blocks), event
+            blocks.append(copy.deepcopy(event["content_block"]))
+            open_index, partial = event["index"], ""
+        elif kind == "content_block_delta":
+            assert event["index"] == open_index, event
+            block, delta = blocks[open_index], event["delta"]
+            if delta["type"] == "text_delta":
+                block["text"] += delta["text"]
+            elif delta["type"] == "thinking_delta":
+                block["thinking"] += delta["thinking"]
+            else:
+                assert block["type"] == "tool_use", event
+                partial += delta["partial_json"]
+        elif kind == "content_block_stop":
+            assert event["index"] == open_index, event
+            if blocks[open_index]["type"] == "tool_use":
+                blocks[open_index]["input"] = json.loads(partial)
+            open_index = None
+        elif kind == "message_delta":
+            assert open_index is None, event
+            message.update(event["delta"])
+            message["usage"] = event["usage"]
+    assert events[-1]["type"] == "message_stop", events[-3:]
+    return message
+
+
+def without_call_ids(message: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in b.items() if not (b["type"] == "tool_use" and k == "id")}
+            for b in message["content"]]
+
+
+@pytest.mark.parametrize("body", [
+    {"model": MODEL, "system": "Be terse.", "messages": HI, "max_tokens": 5, **GREEDY},
+    {"messages": [{"role": "user", "content": "What time is it?"}], "tools": [TIME],
+     "tool_choice": {"type": "any", "disable_parallel_tool_use": True}, "seed": 1,
+     "temperature": 1.0, "max_tokens": 200},
+    {"system": [{"type": "text", "text": "Think first."}], "messages": HI, "max_tokens": 12,
+     "thinking": {"type": "enabled", "budget_tokens": 4}, **GREEDY},
+], ids=["text", "tool-use", "thinking"])
+def test_messages_and_their_streams_validate(server: str, spec: dict[str, Any],
+                                             body: dict) -> None:
+    """A message, and the same request streamed: each event as documented, and the events
+    building the same message. count_tokens counts its prompt."""
+    validate(spec, request_schema(spec, MESSAGES), body)
+    r = post(server, MESSAGES, body, headers={"X-Request-Id": "openapi-msg"})
+    assert r.status_code == 200, r.text
+    plain = check(spec, "POST", MESSAGES, r)
+    assert r.headers["X-Request-Id"] == plain["id"] == "openapi-msg"
+    kinds = [block["type"] for block in plain["content"]]
+    if "tools" in body:
+        assert plain["stop_reason"] == "tool_use" and kinds == ["tool_use"]
+        assert plain["content"][0]["input"]["tz"] in ("UTC", "CET", "PST")
+    else:
+        assert plain["stop_reason"] == "max_tokens"
+        assert plain["usage"]["output_tokens"] == body["max_tokens"]
+        assert kinds[0] == ("thinking" if "thinking" in body else "text")
+
+    streamed = {**body, "stream": True}
+    validate(spec, request_schema(spec, MESSAGES), streamed)
+    events = typed_stream(spec, server, MESSAGES, streamed)
+    assert events[0]["type"] == "message_start" and events[1]["type"] == "ping"
+    message = reassemble(events)
+    validate(spec, component("Message"), message)
+    assert message["id"].startswith("msg_")
+    assert without_call_ids(message) == without_call_ids(plain)
+    for key in ("stop_reason", "stop_sequence"):
+        assert message[key] == plain[key], key
+    usage = message["usage"]
+    assert usage["output_tokens"] == plain["usage"]["output_tokens"]
+    prompt = usage["input_tokens"] + usage["cache_read_input_tokens"]
+    assert prompt == plain["usage"]["input_tokens"] + plain["usage"]["cache_read_input_tokens"]
+
+    counted = {k: v for k, v in body.items() if k in ("model", "system", "messages", "tools",
+                                                      "tool_choice", "thinking")}
+    validate(spec, request_schema(spec, COUNT_TOKENS), counted)
+    count = check(spec, "POST", COUNT_TOKENS, post(server, COUNT_TOKENS, counted))
+    assert count == {"input_tokens": prompt}
+
+
+def test_a_message_stopped_by_a_stop_sequence_validates(server: str,
+                                                       spec: dict[str, Any]) -> None:
+    token = post(server, "/tokenize", {"prompt": " the"}).json()["tokens"][-1]
+    text = post(server, "/detokenize", {"tokens": [token]}).json()["prompt"]
+    body = {"messages": HI, "max_tokens": 4, "temperature": 0,
+            "logit_bias": {str(token): 100}, "stop_sequences": [text]}
+    validate(spec, request_schema(spec, MESSAGES), body)
+    out = check(spec, "POST", MESSAGES, post(server, MESSAGES, body))
+    assert (out["stop_reason"], out["stop_sequence"]) == ("stop_sequence", text)
+    events = typed_stream(spec, server, MESSAGES, {**body, "stream": True})
+    assert events[-2]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": text}
+
+
+@pytest.mark.parametrize(("method", "path", "body", "status", "kind"), [
+    ("POST", MESSAGES, {"messages": HI}, 400, "invalid_request_error"),
+    ("POST", MESSAGES, {"messages": HI, "max_tokens": 4,
+                        "thinking": {"type": "enabled", "budget_tokens": 4}}, 400,
+     "invalid_request_error"),
+    ("POST", MESSAGES, {"messages": HI, "max_tokens": 100000}, 400, "invalid_request_error"),
+    ("POST", MESSAGES, {"messages": HI, "max_tokens": 1, "model": "nope"}, 404,
+     "not_found_error"),
+    ("POST", COUNT_TOKENS, {}, 400, "invalid_request_error"),
+    ("POST", COUNT_TOKENS, {"messages": HI, "model": "nope"}, 404, "not_found_error"),
+    ("POST", MESSAGES + "/batches", {}, 404, "not_found_error"),
+    ("GET", MESSAGES, None, 405, "invalid_request_error"),
+    ("GET", COUNT_TOKENS, None, 405, "invalid_request_error"),
+])
+def test_messages_errors_validate(server: str, spec: dict[str, Any], method: str, path: str,
+                                  body: Any, status: int, kind: str) -> None:
+    r = httpx.request(method, server + path, json=body, timeout=TIMEOUT,
+                      headers={"X-Request-Id": "err-msg"})
+    assert r.status_code == status, r.text
+    out = check(spec, method, path, r)
+    assert out["type"] == "error" and out["error"]["type"] == kind
+    assert r.headers["X-Request-Id"] == "err-msg"
+    if status == 405:
+        assert "POST" in r.headers["Allow"].split(", ")
+        assert method not in r.headers["Allow"].split(", ")
+
+
+# Messages bodies the server accepts (200) and rejects (a 400 whose message names ``field``),
+# with the documented request schema agreeing both ways.
+MESSAGES_ACCEPTED = [
+    (MESSAGES, {"model": MODEL, "max_tokens": 1, "messages": CALLED, "tools": [
+        {**TIME, "type": "custom", "cache_control": {"type": "ephemeral"}, "strict": True}],
+        "tool_choice": {"type": "auto", "disable_parallel_tool_use": True},
+        "system": [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
+        "stop_sequences": ["zz"], "temperature": 1, "top_p": 0.5, "top_k": 5,
+        "metadata": {"user_id": "u"}, "output_config": {"effort": "low"}, "n": 1,
+        "service_tier": "auto", "cache_control": {"type": "ephemeral"}, "speed": "fast",
+        "inference_geo": "us", "min_p": 0.1, "seed": 3, "priority": 1, "stop": "yy",
+        "unknown": [1]}),
+    # null is the default for every optional field
+    (MESSAGES, {"max_tokens": 1, "messages": HI, "model": None, "system": None,
+                "stop_sequences": None, "stream": None, "tools": None, "tool_choice": None,
+                "thinking": None, "output_config": None, "metadata": {"user_id": None},
+                "temperature": None, "n": None, "mcp_servers": None, "container": None,
+                "chat_template_kwargs": None, "service_tier": None}),
+    # a prefill (adaptive thinking may continue one), and roles that do not alternate
+    (MESSAGES, {"max_tokens": 1, "thinking": {"type": "adaptive", "display": "omitted"},
+                "messages": [*HI, {"role": "user", "content": []},
+                             {"role": "assistant", "content": "Hel"}]}),
+    (MESSAGES, {"max_tokens": 1, "messages": [
+        *CALLED[:2], {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "is_error": True,
+             "content": [{"type": "text", "text": "no clock"}]}]}]}),
+    (MESSAGES, {"max_tokens": 1, "messages": HI, "tools": [], "tool_choice": {"type": "none"}}),
+    (MESSAGES, {"max_tokens": 3, "messages": HI, "thinking": {"type": "disabled"},
+                "output_config": {"format": {"type": "json_schema",
+                                             "schema": "{\"type\": \"object\"}"}}}),
+    (MESSAGES, {"max_tokens": 40, "messages": HI, "tools": [TIME],
+                "tool_choice": {"type": "tool", "name": "get_time"},
+                "thinking": {"type": "disabled"}}),
+    (MESSAGES, {"max_tokens": 3, "messages": HI,
+                "thinking": {"type": "enabled", "budget_tokens": 2, "display": "summarized"}}),
+    (COUNT_TOKENS, {"messages": CALLED, "tools": [TIME], "tool_choice": {"type": "any"},
+                    "system": "s", "max_tokens": 5, "stream": True, "unknown": 1}),
+    (COUNT_TOKENS, {"messages": HI, "model": None, "thinking": {"type": "between_tools"},
+                    "tools": None, "tool_choice": None, "output_config": None}),
+]
+MESSAGES_REJECTED = [
+    (MESSAGES, {"messages": HI}, "max_tokens"),
+    (MESSAGES, {"messages": HI, "max_tokens": None}, "max_tokens"),
+    (MESSAGES, {"messages": HI, "max_tokens": 0}, "max_tokens"),
+    (MESSAGES, {"messages": HI, "max_tokens": "5"}, "max_tokens"),
+    (MESSAGES, {"max_tokens": 1}, "messages"),
+    (MESSAGES, {"max_tokens": 1, "messages": []}, "messages"),
+    (MESSAGES, {"max_tokens": 1, "messages": [{"role": "system", "content": "x"}]},
+     "messages[0].role"),
+    (MESSAGES, {"max_tokens": 1, "messages": [{"role": "user"}]}, "messages[0].content"),
+    (MESSAGES, {"max_tokens": 1, "messages": [{"role": "user", "content": None}]},
+     "messages[0].content"),
+    (MESSAGES, {"max_tokens": 1, "messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "url", "url": "x"}}]}]}, "messages[0].content[0]"),
+    (MESSAGES, {"max_tokens": 1, "messages": [{"role": "user", "content": [
+        {"type": "thinking", "thinking": "x"}]}]}, "messages[0].content[0]"),
+    (MESSAGES, {"max_tokens": 1, "messages": [*HI, {"role": "assistant", "content": [
+        {"type": "tool_result", "tool_use_id": "x"}]}]}, "messages[1].content[0]"),
+    (MESSAGES, {"max_tokens": 1, "messages": [{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "x"}]}]}, "messages[0].content[0].tool_use_id"),
+    (MESSAGES, {"max_tokens": 1, "messages": [*HI, {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "t", "name": "f", "input": "{}"}]}, *HI]},
+     "messages[1].content[0].input"),
+    (MESSAGES, {"max_tokens": 1, "messages": [*CALLED[:2], {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_1", "is_error": "yes"}]}]},
+     "messages[2].content[0].is_error"),
+    (MESSAGES, {"max_tokens": 1, "messages": [*CALLED[:2], {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "image"}]}]}]},
+     "messages[2].content[0].content[0]"),
+    (MESSAGES, {"max_tokens": 1, "messages": HI, "system": [{"type": "image"}]}, "system[0]"),
+    (MESSAGES, {"max_tokens": 1, "messages": HI, "system": 5}, "system"),
+    (MESSAGES, {"max_tokens": 1, "messages": HI, "tools": [
+        {"type": "web_search_20250305", "name": "web_search"}]}, "tools[0]"),
+    (MESSAGES, {"max_tokens": 1, "messages": HI, "tools": [{"name": "f"}]},
+     "tools[0].input_schema"),
+    (MESSAGES, {"max_tokens": 1, "messages": HI, "tools": [{**TIME, "name": ""}]},
+     "tools[0].name"),
+    (MESSAGES, {"max_tokens": 1, "messages": HI, "tools": [{**TIME, "strict": None}]},
+     "tools[0]"),
+    (MESSAGES, {"max_tokens": 1, "messages": HI, "tools": [{**TIME, "parameters": {}}]},
+     "tools[0]"),
+    (MESSAGES, {"max_tokens": 1, "messages": HI, "tools": TIME}, "tools"),
+    (MESSAGES, {"max_tokens": 1, "messages": HI, "tool_choice": "auto", "tools": [TIME]},
+     "tool_choice"),
+    (MESSAGES, {"max_tokens": 1, "messages": HI, "tool_choice": {"type": "tool"},
+                "tools": [TIME]}, "tool_choice"),
+    (MESSAGES, {"max_tokens": 1, "messages": HI, "tool_choice": {"type": "some"},
+                "tools": [TIME]}, "tool_choice"),
+    (MESSAGES, {"max_tokens": 1, "messages": HI, "tool_choice": {"type": "auto", "name": "f"},
+                "tools": [TIME]}, "tool_choice"),
+    (MESSAGES, {"max_tokens": 1, "messages": HI, "tools": [TIME], "tool_choice": {
+        "type": "none", "disable_parallel_tool_use": True}}, "tool_choice"),
+    (MESSAGES, {"max_tokens": 1, "messages": HI, "tools": [TIME], "tool_choice": {
+        "type": "auto", "disable_parallel_tool_use": None}}, "tool_choice"),
+    (MESSAGES, {"max_tokens": 8, "messages": HI, "thinking": {"type": "enabled"}}, "thinking"),
+    (MESSAGES, {"max_tokens": 8, "messages": HI,
+                "thinking": {"type": "enabled", "budget_tokens": True}}, "thinking"),
+    (MESSAGES, {"max_tokens": 8, "messages": HI,
+                "thinking": {"type": "enabled", "budget_tokens": 0}}, "thinking"),
+    (MESSAGES, {"max_tokens": 8, "messages": HI,
+                "thinking": {"type": "disabled", "budget_tokens": 4}}, "thinking"),
+    (MESSAGES, {"max_tokens": 8, "messages": HI,
+                "thinking": {"type": "adaptive", "display": "full"}}, "thinking"),
+    (MESSAGES, {"max_tokens": 8, "messages": HI, "thinking": {"type": "sometimes"}},
+     "thinking"),
+    (MESSAGES, {"max_tokens": 8, "messages": HI, "output_config": {"effort": "extreme"}},
+     "output_config"),
+    (MESSAGES, {"max_tokens": 8, "messages": HI, "output_config": {"verbosity": "low"}},
+     "output_config"),
+    (MESSAGES, {"max_tokens": 8, "messages": HI,
+                "output_config": {"format": {"type": "json_object"}}}, "output_config"),
+    (MESSAGES, {"max_tokens": 8, "messages": HI, "metadata": {"user_id": 5}}, "metadata"),
+    (MESSAGES, {"max_tokens": 8, "messages": HI, "metadata": {"k": "v"}}, "metadata"),
+    (MESSAGES, {"max_tokens": 8, "messages": HI, "stop_sequences": [""]}, "stop_sequences"),
+    (MESSAGES, {"max_tokens": 8, "messages": HI, "stop_sequences": "x"}, "stop_sequences"),
+    (MESSAGES, {"max_tokens": 8, "messages": HI, "n": 2}, "'n'"),
+    (MESSAGES, {"max_tokens": 8, "messages": HI, "mcp_servers": []}, "mcp_servers"),
+    (MESSAGES, {"max_tokens": 8, "messages": HI, "container": "c"}, "container"),
+    (MESSAGES, {"max_tokens": 8, "messages": HI, "temperature": 2.5}, "temperature"),
+    (MESSAGES, {"max_tokens": 8, "messages": HI, "top_p": 0}, "top_p"),
+    (MESSAGES, {"max_tokens": 8, "messages": HI, "service_tier": 1}, "service_tier"),
+    (MESSAGES, {"max_tokens": 8, "messages": HI, "chat_template_kwargs": {"tools": []}},
+     "chat_template_kwargs"),
+    # cross-field rules, stated in the request schemas
+    (MESSAGES, {"max_tokens": 8, "messages": HI, "tool_choice": {"type": "auto"}},
+     "tool_choice"),
+    (MESSAGES, {"max_tokens": 8, "messages": HI, "tools": [], "tool_choice": {"type": "any"}},
+     "tool_choice"),
+    (MESSAGES, {"max_tokens": 8, "messages": HI, "tools": [TIME], "tool_choice": {
+        "type": "any"}, "thinking": {"type": "adaptive"}}, "thinking"),
+    (MESSAGES, {"max_tokens": 8, "messages": HI, "tools": [TIME], "tool_choice": {
+        "type": "tool", "name": "get_time"}, "thinking": {"type": "between_tools"}}, "thinking"),
+    (MESSAGES, {"max_tokens": 8, "messages": HI, "thinking": {"type": "adaptive"},
+                "output_config": {"format": {"type": "json_schema", "schema": {}}}}, "thinking"),
+    (MESSAGES, {"max_tokens": 8, "messages": [{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_1"}]}]}, "messages[0]"),
+    (COUNT_TOKENS, {}, "messages"),
+    (COUNT_TOKENS, {"messages": None}, "messages"),
+    (COUNT_TOKENS, {"messages": HI, "tool_choice": {"type": "any"}}, "tool_choice"),
+    (COUNT_TOKENS, {"messages": HI, "tools": [TIME], "tool_choice": {"type": "any"},
+                    "thinking": {"type": "enabled", "budget_tokens": 10}}, "thinking"),
+    (COUNT_TOKENS, {"messages": HI, "thinking": {"type": "on"}}, "thinking"),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), MESSAGES_ACCEPTED)
+def test_accepted_messages_match_the_request_schema(server: str, spec: dict[str, Any],
+                                                    path: str, body: dict) -> None:
+    validate(spec, request_schema(spec, path), body)
+    r = post(server, path, body)
+    assert r.status_code == 200, r.text
+    check(spec, "POST", path, r)
+
+
+@pytest.mark.parametrize(("path", "body", "field"), MESSAGES_REJECTED)
+def test_rejected_messages_fail_the_request_schema(server: str, spec: dict[str, Any],
+                                                   path: str, body: dict, field: str) -> None:
+    with pytest.raises(jsonschema.ValidationError):
+        validate(spec, request_schema(spec, path), body)
+    r = post(server, path, body)
+    assert r.status_code == 400, r.text
+    error = check(spec, "POST", path, r)["error"]
+    assert error["type"] == "invalid_request_error" and field in error["message"], error
+
+
 @pytest.fixture(scope="module")
 def guarded(hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A server with an API key, a token budget, a one-request cap and a small body limit."""
@@ -631,7 +1001,8 @@ def guarded(hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 
 @pytest.mark.timing
 def test_guard_errors_validate(guarded: str, spec: dict[str, Any]) -> None:
-    """401, 413, 429 and 503 (capacity) from a real server, each as documented."""
+    """401, 413, 429 and 503 (capacity) from a real server, each as documented; on the
+    Messages routes, in Anthropic's shape, and 529 for 503."""
     auth = {"Authorization": "Bearer k1"}
     for method, path, body in (("GET", "/v1/models", None),
                                ("POST", "/v1/completions", {"prompt": "x"}),
@@ -645,9 +1016,24 @@ def test_guard_errors_validate(guarded: str, spec: dict[str, Any]) -> None:
             assert check(spec, method, path, r)["error"]["code"] == "invalid_api_key"
     check(spec, "GET", "/v1/models", httpx.get(guarded + "/v1/models", headers=auth))
     check(spec, "GET", "/health", httpx.get(guarded + "/health"))  # probes need no key
+    # Anthropic's clients send the key as x-api-key (apiKeyAuth), on every guarded route.
+    api_key = {"x-api-key": "k1"}
+    check(spec, "GET", "/v1/models", httpx.get(guarded + "/v1/models", headers=api_key))
+    count = {"messages": HI}
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"x-api-key": "wrong"},
+                    {"Authorization": "Bearer wrong", **api_key}):
+        for path in (MESSAGES, COUNT_TOKENS):
+            r = post(guarded, path, count, headers=headers)
+            assert r.status_code == 401, r.text
+            assert check(spec, "POST", path, r)["error"]["type"] == "authentication_error"
+        r = post(guarded, MESSAGES + "/batches", count, headers=headers)  # not served: 401 too
+        assert r.status_code == 401, r.text
+        validate(spec, component("MessagesErrorResponse"), r.json())
+    for headers in (auth, api_key):
+        check(spec, "POST", COUNT_TOKENS, post(guarded, COUNT_TOKENS, count, headers=headers))
 
     big = {"prompt": "x" * 5000}
-    for path in ("/v1/completions", "/tokenize"):
+    for path in ("/v1/completions", "/tokenize", MESSAGES, COUNT_TOKENS):
         r = post(guarded, path, big, headers=auth)
         assert r.status_code == 413, r.text
         check(spec, "POST", path, r)
@@ -656,6 +1042,9 @@ def test_guard_errors_validate(guarded: str, spec: dict[str, Any]) -> None:
     r = post(guarded, "/v1/completions", {"prompt": "x", "max_tokens": 2040}, headers=auth)
     assert r.status_code == 429, r.text
     assert check(spec, "POST", "/v1/completions", r)["error"]["code"] == "rate_limit_exceeded"
+    r = post(guarded, MESSAGES, {"messages": HI, "max_tokens": 2020}, headers=api_key)
+    assert r.status_code == 429, r.text
+    assert check(spec, "POST", MESSAGES, r)["error"]["type"] == "rate_limit_error"
 
     # The one slot taken by an open stream: the next generation is a 503 with Retry-After.
     long = {"prompt": "Go on.", "max_tokens": 1800, "stream": True, **GREEDY}
@@ -667,6 +1056,10 @@ def test_guard_errors_validate(guarded: str, spec: dict[str, Any]) -> None:
         assert r.headers["Retry-After"] == "1"
         assert check(spec, "POST", "/v1/chat/completions", r)["error"]["code"] \
             == "server_overloaded"
+        r = client.post(guarded + MESSAGES, json={"messages": HI, "max_tokens": 1})
+        assert r.status_code == 529, r.text
+        assert r.headers["Retry-After"] == "1"
+        assert check(spec, "POST", MESSAGES, r)["error"]["type"] == "overloaded_error"
 
 
 # --- (4) the schemas are strict -------------------------------------------------------------
@@ -678,6 +1071,9 @@ def test_real_responses_fail_without_any_required_field(server: str,
                                                   "logprobs": 1}).json()
     chat = post(server, "/v1/chat/completions", {"messages": HI, "max_tokens": 2,
                                                  "logprobs": True}).json()
+    message = post(server, MESSAGES, {"messages": HI, "max_tokens": 6,
+                                      "thinking": {"type": "enabled", "budget_tokens": 3}}).json()
+    assert [b["type"] for b in message["content"]] == ["thinking", "text"], message
     cases = [  # (top-level schema, response, where in it, the schema of that part)
         ("Completion", completion, lambda d: d, "Completion"),
         ("Completion", completion, lambda d: d["choices"][0], "CompletionChoice"),
@@ -688,6 +1084,10 @@ def test_real_responses_fail_without_any_required_field(server: str,
         ("ChatCompletion", chat, lambda d: d["choices"][0]["message"], "ChatMessage"),
         ("ChatCompletion", chat, lambda d: d["choices"][0]["logprobs"]["content"][0],
          "ChatTokenLogprob"),
+        ("Message", message, lambda d: d, "Message"),
+        ("Message", message, lambda d: d["content"][0], "MessagesThinkingBlock"),
+        ("Message", message, lambda d: d["content"][1], "MessagesTextBlock"),
+        ("Message", message, lambda d: d["usage"], "MessagesUsage"),
     ]
     for top, response, part, name in cases:
         validate(spec, component(top), response)
@@ -724,6 +1124,20 @@ CHUNK = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "m
          "choices": [{"index": 0, "delta": {"content": "h"}, "logprobs": None,
                       "finish_reason": None, "stop_reason": None}]}
 ERROR = {"error": {"message": "no", "type": "BadRequestError", "param": None, "code": 400}}
+MESSAGE = {
+    "id": "msg_1", "type": "message", "role": "assistant", "model": MODEL,
+    "content": [{"type": "thinking", "thinking": "hm", "signature": ""},
+                {"type": "text", "text": "Let me look."},
+                {"type": "tool_use", "id": "toolu_1", "name": "get_time", "input": {"tz": "UTC"}}],
+    "stop_reason": "tool_use", "stop_sequence": None,
+    "usage": {"input_tokens": 3, "output_tokens": 9, "cache_creation_input_tokens": 0,
+              "cache_read_input_tokens": 16},
+}
+MESSAGE_DELTA = {"type": "message_delta", "usage": MESSAGE["usage"],
+                 "delta": {"stop_reason": "stop_sequence", "stop_sequence": "##"}}
+BLOCK_START = {"type": "content_block_start", "index": 0,
+               "content_block": {"type": "text", "text": ""}}
+MESSAGES_ERROR = {"type": "error", "error": {"type": "overloaded_error", "message": "busy"}}
 
 
 def _node(doc: Any, dotted: str) -> tuple[Any, str]:
@@ -775,6 +1189,25 @@ def replace(name: str, instance: dict, dotted: str, value: Any) -> Any:
     drop("ChatCompletionStreamEvent", CHUNK, "id"),
     drop("ErrorResponse", ERROR, "error.param"),
     replace("ErrorResponse", ERROR, "error.code", None),
+    drop("Message", MESSAGE, "stop_sequence"),
+    drop("Message", MESSAGE, "usage.cache_read_input_tokens"),
+    drop("Message", MESSAGE, "content.0.signature"),
+    drop("Message", MESSAGE, "content.2.input"),
+    replace("Message", MESSAGE, "type", "completion"),
+    replace("Message", MESSAGE, "content.2.id", "call_1"),
+    replace("Message", MESSAGE, "content.1.type", "output_text"),
+    replace("Message", MESSAGE, "stop_reason", "end_turn"),  # a call: tool_use or max_tokens
+    replace("Message", MESSAGE, "stop_reason", "stop_sequence"),  # ... and it names none
+    replace("Message", MESSAGE, "stop_sequence", "##"),  # a stop string: stop_sequence
+    replace("Message", {**MESSAGE, "content": MESSAGE["content"][:2], "stop_reason": "end_turn"},
+            "stop_reason", "tool_use"),  # tool_use: a call
+    replace("MessagesStreamEvent", MESSAGE_DELTA, "delta.stop_sequence", None),
+    drop("MessagesStreamEvent", MESSAGE_DELTA, "usage"),
+    replace("MessagesStreamEvent", BLOCK_START, "content_block.text", "h"),  # opens empty
+    replace("MessagesStreamEvent", BLOCK_START, "type", "content_block"),
+    replace("MessagesStreamEvent", MESSAGES_ERROR, "error.type", "BadRequestError"),
+    drop("MessagesErrorResponse", MESSAGES_ERROR, "type"),
+    drop("MessagesErrorResponse", MESSAGES_ERROR, "error.message"),
 ])
 def test_schemas_are_strict(spec: dict[str, Any], name: str, instance: dict, mutate: Any
                             ) -> None:

@@ -20,6 +20,12 @@ from izh_trio.frontend.settings import Settings
     ([(b"x-other", b"Bearer abc")], b""),
     ([(b"authorization", b"Basic x"), (b"authorization", b"Bearer abc")], b""),  # the first
     ([], b""),
+    # Anthropic's clients send the key in x-api-key; a bearer token, when there is one, wins.
+    ([(b"x-api-key", b"abc")], b"abc"),
+    ([(b"X-Api-Key", b" abc ")], b"abc"),
+    ([(b"x-api-key", b"abc"), (b"authorization", b"Bearer xyz")], b"xyz"),
+    ([(b"authorization", b"Basic x"), (b"x-api-key", b"abc")], b"abc"),
+    ([(b"x-api-key", b"")], b""),
 ])
 def test_bearer_token(headers: list[tuple[bytes, bytes]], token: bytes) -> None:
     assert bearer_token(headers) == token

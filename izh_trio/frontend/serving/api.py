@@ -56,6 +56,15 @@ class Output(Protocol):
     def failing(self, error: APIError, events: list[bytes]) -> None: ...
 
 
+@attrs.frozen
+class Keepalive:
+    """An event a stream sends after ``interval`` seconds without one (a long prompt, a slow
+    batch), so that a client or a proxy does not take the quiet for a dead connection."""
+
+    interval: float
+    event: bytes
+
+
 @attrs.frozen(kw_only=True)
 class Job:
     """A request translated: what to ask of the engine, and how to answer."""
@@ -74,6 +83,7 @@ class Job:
     #: Runs the generation away from the request and answers at once (a background
     #: response); it owns the admission ticket it is given.
     detach: Callable[[GenerationPlan, Ticket, Output], Awaitable[Answer]] | None = None
+    keepalive: Keepalive | None = None  # for a stream: what it sends when quiet
 
 
 class Tally:

@@ -16,15 +16,23 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import attrs
+import trio
 from quart import Blueprint, Request, Response, request
 
 from izh_trio.frontend import access_log, request_scope, sse
 from izh_trio.frontend.admission import Ticket
+from izh_trio.frontend.auth import bearer_token
 from izh_trio.frontend.errors import APIError
 from izh_trio.frontend.fingerprint import system_fingerprint
-from izh_trio.frontend.generation import ChoiceSpec, Generation, GenerationPlan, open_generation
+from izh_trio.frontend.generation import (
+    ChoiceDelta,
+    ChoiceSpec,
+    Generation,
+    GenerationPlan,
+    open_generation,
+)
 from izh_trio.frontend.server import Server
-from izh_trio.frontend.serving.api import Head, Job, Output
+from izh_trio.frontend.serving.api import Head, Job, Keepalive, Output
 from izh_trio.frontend.serving.intake import Intake, deadline_of, read_request, request_id
 
 R = TypeVar("R", bound=attrs.AttrsInstance)  # a request schema
@@ -57,8 +65,8 @@ async def serve(schema: type[R], translate: Callable[[Intake[R]], Awaitable[Job]
             raise
     if job.stream:
         generation = await _open_streamed(server, plan, ticket)
-        return Response(_events(generation, output, job.finish), mimetype="text/event-stream",
-                        headers=sse.HEADERS)
+        return Response(_events(generation, output, job.finish, job.keepalive),
+                        mimetype="text/event-stream", headers=sse.HEADERS)
     try:
         with ticket:
             async with open_generation(server.generation_context(), plan) as generation:
@@ -96,9 +104,8 @@ def admit(server: Server, request: Request, specs: Sequence[ChoiceSpec]) -> Tick
         raise APIError(400, f"at most {MAX_CHOICES} choices (prompts x n) per request",
                        param="n")
     cost = sum(len(s.prompt_ids) + s.params.max_tokens for s in specs)
-    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-    key = token.strip() if server.api_keys and scheme.lower() == "bearer" else (
-        request.remote_addr or "anonymous")
+    token = bearer_token(request.scope["headers"]) if server.api_keys else b""
+    key = token.decode("latin-1") if token else (request.remote_addr or "anonymous")
     ticket = server.admission.admit()
     try:
         server.limiter.charge(key, cost)
@@ -123,9 +130,19 @@ async def _open_streamed(server: Server, plan: GenerationPlan, ticket: Ticket) -
     return await request_scope.enter(open_generation(server.generation_context(), plan))
 
 
+async def _next(generation: Generation, keepalive: Keepalive | None) -> list[ChoiceDelta] | None:
+    """The generation's next deltas, or None when ``keepalive``'s interval passed first
+    (``Generation.next`` loses nothing when cancelled: it only waits to be woken)."""
+    if keepalive is None:
+        return await generation.next()
+    with trio.move_on_after(keepalive.interval):
+        return await generation.next()
+    return None
+
+
 async def _events(generation: Generation, output: Output,
-                  finish: Callable[[APIError | None], Awaitable[None]] | None = None
-                  ) -> AsyncIterator[bytes]:
+                  finish: Callable[[APIError | None], Awaitable[None]] | None = None,
+                  keepalive: Keepalive | None = None) -> AsyncIterator[bytes]:
     """The stream's body: the events of each wake-up of the generation in one write; the
     last ones with the closing events, in one write too, after ``finish`` (the job's last
     step: a stored response is stored before the client reads its end)."""
@@ -136,7 +153,11 @@ async def _events(generation: Generation, output: Output,
         if pending:
             yield b"".join(pending)
             pending.clear()
-        while deltas := await generation.next():
+        while (deltas := await _next(generation, keepalive)) != []:
+            if deltas is None:
+                assert keepalive is not None
+                yield keepalive.event
+                continue
             for delta in deltas:
                 output.stream(delta, pending)
             if pending and not generation.finished:  # the last ones go out with the end
