@@ -164,13 +164,23 @@ def _text_modality(_inst: Any, attr: "attrs.Attribute[Any]", value: Any) -> None
                              f"{modality!r}")
 
 
-def _refused(why: str) -> Callable[[Any, "attrs.Attribute[Any]", Any], None]:
+def refused(why: str) -> Callable[[Any, "attrs.Attribute[Any]", Any], None]:
     """Fields that would change the answer and that this server cannot honour: a 400 when set
     (null is the same as leaving them out)."""
 
     def check(_inst: Any, attr: "attrs.Attribute[Any]", value: Any) -> None:
         if value is not None:
             raise ValueError(f"'{attr.name}' is not supported: {why}")
+
+    return check
+
+
+def only_one(why: str) -> Callable[[Any, "attrs.Attribute[Any]", Any], None]:
+    """A count (``n``) an API answers with one of its own objects: 1, or a 400 saying why."""
+
+    def check(_inst: Any, attr: "attrs.Attribute[Any]", value: Any) -> None:
+        if value != 1:
+            raise ValueError(f"'{attr.name}' {why}")
 
     return check
 
@@ -249,11 +259,11 @@ class ChatCompletionRequest(SamplingFields):
                                         validator=_opt(v.in_(("low", "medium", "high"))))
     modalities: Any = attrs.field(default=None, validator=_text_modality)
     # Each would change the answer, and this server cannot do it: a 400, not silence.
-    audio: Any = attrs.field(default=None, validator=_refused("this server generates text "
+    audio: Any = attrs.field(default=None, validator=refused("this server generates text "
                                                                 "only"))
-    prediction: Any = attrs.field(default=None, validator=_refused("predicted outputs are not "
+    prediction: Any = attrs.field(default=None, validator=refused("predicted outputs are not "
                                                                      "implemented"))
-    web_search_options: Any = attrs.field(default=None, validator=_refused(
+    web_search_options: Any = attrs.field(default=None, validator=refused(
         "this server cannot search the web"))
 
 

@@ -13,13 +13,7 @@ from typing import Any, ClassVar
 import attrs
 from attrs import validators as v
 
-from izh_trio.frontend.schemas import SamplingFields
-
-
-def _one_message(_inst: Any, attr: attrs.Attribute[Any], value: int) -> None:
-    if value != 1:
-        raise ValueError(f"'{attr.name}' is not part of the Messages API: a request is "
-                         "answered by one message")
+from izh_trio.frontend.schemas import SamplingFields, only_one, refused
 
 
 def _strings(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
@@ -36,14 +30,6 @@ def _metadata(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
         raise ValueError(f"'{attr.name}' may hold only 'user_id'")
     if value.get("user_id") is not None and not isinstance(value["user_id"], str):
         raise TypeError(f"'{attr.name}.user_id' must be a string")
-
-
-def _refused(why: str) -> Any:
-    def check(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
-        if value is not None:
-            raise ValueError(f"'{attr.name}' is not supported: {why}")
-
-    return check
 
 
 @attrs.frozen(kw_only=True)
@@ -67,10 +53,11 @@ class MessagesRequest(SamplingFields):
     diagnostics: Any = None
     user_profile_id: str | None = None
     workspace_id: str | None = None
-    n: int = attrs.field(default=1, validator=_one_message)
-    mcp_servers: Any = attrs.field(default=None, validator=_refused(
+    n: int = attrs.field(default=1, validator=only_one(
+        "is not part of the Messages API: a request is answered by one message"))
+    mcp_servers: Any = attrs.field(default=None, validator=refused(
         "this server connects to no MCP servers; give the tools in 'tools'"))
-    container: Any = attrs.field(default=None, validator=_refused(
+    container: Any = attrs.field(default=None, validator=refused(
         "this server runs no code execution containers"))
 
     @property

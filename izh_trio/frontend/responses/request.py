@@ -13,7 +13,7 @@ from typing import Any
 import attrs
 from attrs import validators as v
 
-from izh_trio.frontend.schemas import SamplingFields
+from izh_trio.frontend.schemas import SamplingFields, only_one, refused
 
 #: The ``include`` values a response can honour. ``reasoning.encrypted_content`` asks for
 #: reasoning a stateless client can send back: this server sends reasoning as plain text,
@@ -23,12 +23,6 @@ INCLUDES = ("message.output_text.logprobs", "reasoning.encrypted_content",
             "message.input_image.image_url", "computer_call_output.output.image_url",
             "file_search_call.results", "web_search_call.results",
             "web_search_call.action.sources", "code_interpreter_call.outputs")
-
-
-def _one_response(_inst: Any, attr: attrs.Attribute[Any], value: int) -> None:
-    if value != 1:
-        raise ValueError(f"'{attr.name}' is not part of the Responses API: a response is one "
-                         "generation")
 
 
 def _includes(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
@@ -53,14 +47,6 @@ def _metadata(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
                          "and values of at most 512")
 
 
-def _refused(why: str) -> Any:
-    def check(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
-        if value is not None:
-            raise ValueError(f"'{attr.name}' is not supported: {why}")
-
-    return check
-
-
 @attrs.frozen(kw_only=True)
 class ResponsesRequest(SamplingFields):
     input: Any = None  # a string or a list of items: checked by ``items``
@@ -83,12 +69,13 @@ class ResponsesRequest(SamplingFields):
     service_tier: str | None = None
     safety_identifier: str | None = None
     prompt_cache_retention: str | None = None
-    n: int = attrs.field(default=1, validator=_one_response)
+    n: int = attrs.field(default=1, validator=only_one(
+        "is not part of the Responses API: a response is one generation"))
     previous_response_id: str | None = None
     background: bool = False
-    conversation: Any = attrs.field(default=None, validator=_refused(
+    conversation: Any = attrs.field(default=None, validator=refused(
         "conversations are not implemented; send the items in 'input'"))
-    prompt: Any = attrs.field(default=None, validator=_refused(
+    prompt: Any = attrs.field(default=None, validator=refused(
         "prompt templates are not implemented; send 'instructions' and 'input'"))
 
     @property
