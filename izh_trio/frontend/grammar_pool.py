@@ -143,9 +143,10 @@ class GrammarPool:
         reply = await self._job(Job(grammar), Verdict, "compiling a request's grammar")
         return reply.error
 
-    async def parse_json(self, chunks: list[bytes]) -> Parsed:
-        """Parse a big request body, in ``chunks``, in a worker (``json_input.loads``)."""
-        return await self._job(ParseJob(sum(map(len, chunks))), Parsed,
+    async def parse_json(self, chunks: list[bytes], longest: int | None = None) -> Parsed:
+        """Parse a big request body, in ``chunks``, in a worker (``json_input.loads``); a
+        string of more than ``longest`` characters in it is reported, not sent back."""
+        return await self._job(ParseJob(sum(map(len, chunks)), longest=longest), Parsed,
                                "parsing a request body", chunks)
 
     async def _job(self, job: Job | ParseJob, answer: type[_Answer], what: str,

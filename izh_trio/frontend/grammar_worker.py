@@ -69,15 +69,21 @@ class ParseJob:
 
     size: int
     data: bytes = b""
+    #: The longest string the document may hold, in characters (None: any): a longer one
+    #: is reported, not sent back (``Parsed.too_long``).
+    longest: int | None = None
 
 
 @attrs.frozen
 class Parsed:
-    """The parsed value, or why it was refused (``json_input.JSONInputError``'s parts)."""
+    """The parsed value, or why it was refused (``json_input.JSONInputError``'s parts), or
+    the length of a string longer than the job allowed (then no value: a string of
+    megabytes, decoded on the parent's event loop, would stall it for its page faults)."""
 
     value: Any = None
     error: str | None = None
     field: str | None = None
+    too_long: int | None = None
 
 
 Message = Hello | Job | Verdict | ParseJob | Parsed
@@ -153,13 +159,36 @@ def compile_error(llguidance: Any, tokenizer: Any, grammar: str) -> str | None:
         return str(exc) or type(exc).__name__
 
 
-def _parse(data: bytes) -> Parsed:
+def _parse(job: ParseJob) -> Parsed:
     from izh_trio.frontend import json_input  # orjson and the standard library only
 
     try:
-        return Parsed(json_input.loads(data))
+        value = json_input.loads(job.data)
     except json_input.JSONInputError as exc:
         return Parsed(error=exc.message, field=exc.field)
+    if job.longest is not None and (found := _overlong(value, job.longest)) is not None:
+        field, length = found
+        return Parsed(field=field, too_long=length)
+    return Parsed(value)
+
+
+def _overlong(document: Any, longest: int) -> tuple[str | None, int] | None:
+    """The top-level field holding a string (a value or a key) of more than ``longest``
+    characters, and its length; None if there is none."""
+    tops = document.items() if isinstance(document, dict) else [(None, document)]
+    for top, value in tops:
+        stack = [top or "", value]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, str):
+                if len(item) > longest:
+                    return top, len(item)
+            elif isinstance(item, dict):
+                stack += item.keys()
+                stack += item.values()
+            elif isinstance(item, list):
+                stack += item
+    return None
 
 
 def _serve(inp: BinaryIO, out: BinaryIO, args: argparse.Namespace) -> None:
@@ -179,7 +208,7 @@ def _serve(inp: BinaryIO, out: BinaryIO, args: argparse.Namespace) -> None:
             if isinstance(msg, Job):
                 _send(out, Verdict(compile_error(llguidance, tokenizer, msg.grammar)))
             elif isinstance(msg, ParseJob):
-                _send(out, _parse(msg.data))
+                _send(out, _parse(msg))
 
 
 def _run(inp: BinaryIO, out: BinaryIO, args: argparse.Namespace) -> None:

@@ -33,7 +33,7 @@ class LoopLag:
                                  f"woke a task sleeping {PERIOD * 1000:.0f} ms.",
                                  buckets=_BUCKETS, registry=registry)
         self.worst = Gauge("izh:event_loop_lag_max_seconds",
-                           "The worst event-loop lag seen since the server started.",
+                           "The worst event-loop lag seen since the server began serving.",
                            registry=registry)
         self._worst = 0.0
 

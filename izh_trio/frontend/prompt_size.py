@@ -139,20 +139,36 @@ class PromptSize:
 
     def check_length(self, chars: int, max_model_len: int, *, ascii_only: bool,
                      param: str) -> None:
-        if self.chars_per_token is None:
-            return
+        most = self.longest(max_model_len, ascii_only=ascii_only)
+        if most is not None and chars > most:
+            raise _too_long("the prompt is", chars, most, max_model_len, param)
+
+    def longest(self, max_model_len: int, *, ascii_only: bool = False) -> int | None:
+        """The most characters a text that fits in ``max_model_len`` tokens can have (None:
+        no bound with this tokenizer)."""
         factor = self.shrink.ascii if ascii_only else self.shrink.any
-        assert factor is not None
-        most = int(max_model_len * self.chars_per_token * factor)
-        if chars > most:
-            raise APIError(
-                400,
-                f"This model's maximum context length is {max_model_len} tokens. However, "
-                f"the prompt is {chars} characters long, and no prompt of more than {most} "
-                f"characters can fit in {max_model_len} tokens with this model's tokenizer "
-                f"(judged by its size, without tokenizing it). Please reduce the length of "
-                f"the prompt.",
-                param=param, code="context_length_exceeded")
+        if self.chars_per_token is None or factor is None:
+            return None
+        return int(max_model_len * self.chars_per_token * factor)
+
+    def string_error(self, chars: int, max_model_len: int, field: str | None) -> APIError:
+        """The 400 for a string of ``chars`` characters in ``field`` of a request body,
+        longer than any text that fits the context (``longest``), wherever it would go."""
+        most = self.longest(max_model_len)
+        assert most is not None
+        where = f"'{field}' holds a text" if field else "the request holds a text"
+        return _too_long(where, chars, most, max_model_len, field)
+
+
+def _too_long(what: str, chars: int, most: int, max_model_len: int,
+              param: str | None) -> APIError:
+    return APIError(
+        400,
+        f"This model's maximum context length is {max_model_len} tokens. However, {what} "
+        f"{chars} characters long, and no text of more than {most} characters can fit in "
+        f"{max_model_len} tokens with this model's tokenizer (judged by its size, without "
+        f"tokenizing it). Please reduce the length of the prompt.",
+        param=param, code="context_length_exceeded")
 
 
 def message_text(messages: Any) -> tuple[int, bool]:

@@ -125,7 +125,6 @@ class Server:
         self.model_name = self.settings.model_name(self.model_dir)
         if self.model_name in self.loras:
             raise ValueError(f"LoRA adapter name {self.model_name!r} is the served model's name")
-        nursery.start_soon(self.metrics.loop_lag.watch)
         await self._open_store(nursery)
         heap.map_big_buffers()  # before the tokenizer's and requests' big allocations
         self._tokenizer = await trio.to_thread.run_sync(ModelTokenizer, self.model_dir)
@@ -138,6 +137,7 @@ class Server:
         threshold, *older = gc.get_threshold()
         gc.set_threshold(max(threshold, GC_FIRST_THRESHOLD), *older)
         self._transition(ServerState.SERVING)
+        nursery.start_soon(self.metrics.loop_lag.watch)  # from now on: start-up is not lag
         log.info("serving %s from %s (max_model_len %d)", self.model_name, self.model_dir,
                  self.ready.max_model_len)
 

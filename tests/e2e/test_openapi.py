@@ -1071,7 +1071,9 @@ def test_real_responses_fail_without_any_required_field(server: str,
                                                   "logprobs": 1}).json()
     chat = post(server, "/v1/chat/completions", {"messages": HI, "max_tokens": 2,
                                                  "logprobs": True}).json()
-    message = post(server, MESSAGES, {"messages": HI, "max_tokens": 6,
+    # Seeded (the same tokens every run) and long enough for text after the think block.
+    message = post(server, MESSAGES, {"messages": HI, "max_tokens": 24, "seed": 5,
+                                      "temperature": 1, "ignore_eos": True,
                                       "thinking": {"type": "enabled", "budget_tokens": 3}}).json()
     assert [b["type"] for b in message["content"]] == ["thinking", "text"], message
     cases = [  # (top-level schema, response, where in it, the schema of that part)

@@ -73,9 +73,13 @@ async def json_body(request: Request) -> Any:
         # orjson holds the GIL for the whole parse: parsed by a worker, the chunks sent on as
         # they are, never joined here (a fresh buffer of megabytes costs the loop its page
         # faults)
-        parsed = await _parsed_by_a_worker(chunks)
+        server = server_of(current_app)
+        limit = server.ready.max_model_len
+        parsed = await _parsed_by_a_worker(chunks, server.prompt_size.longest(limit))
         del chunks  # megabytes of small buffers, now free in the heap: give them back
         await trio.to_thread.run_sync(heap.trim)
+        if parsed.too_long is not None:  # no text that long fits, wherever it would go
+            raise server.prompt_size.string_error(parsed.too_long, limit, parsed.field)
         if parsed.error is not None:
             raise APIError(400, f"the request body is not valid JSON: {parsed.error}",
                            param=parsed.field)
@@ -88,10 +92,10 @@ async def json_body(request: Request) -> Any:
                        param=exc.field) from None
 
 
-async def _parsed_by_a_worker(chunks: list[bytes]) -> Parsed:
+async def _parsed_by_a_worker(chunks: list[bytes], longest: int | None) -> Parsed:
     pool = server_of(current_app).grammars
     try:
-        return await pool.parse_json(chunks)
+        return await pool.parse_json(chunks, longest)
     except (GrammarTimeout, GrammarCrashed):
         raise APIError(400, "the request body is too large or too complex to parse") from None
     except (GrammarBusy, GrammarUnavailable):
