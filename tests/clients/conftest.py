@@ -74,14 +74,15 @@ def clients_python() -> Path:
 
 @pytest.fixture(scope="session")
 def node_client() -> list[str]:
-    """The command that runs the npm client script, with node_modules from the lock file."""
+    """The command that runs an npm client script (each test module adds its script), with
+    node_modules from the lock file."""
     node, npm = shutil.which("node"), shutil.which("npm")
     if node is None or npm is None:
-        pytest.skip("node and npm are needed for the openai npm package's tests")
+        pytest.skip("node and npm are needed for the npm packages' tests")
     major = subprocess.run([node, "-p", "process.versions.node.split('.')[0]"],
                            capture_output=True, text=True, timeout=30).stdout.strip()
     if not major.isdigit() or int(major) < 20:
-        pytest.skip(f"node {major} is too old for the openai npm package (20 or later)")
+        pytest.skip(f"node {major} is too old for the npm packages (20 or later)")
     lock = NODE_DIR / "package-lock.json"
     stamp = NODE_DIR / "node_modules" / ".izh-package-lock.sha256"
     with _locked(lock):
@@ -91,7 +92,7 @@ def node_client() -> list[str]:
             _build([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"], NODE_DIR,
                    "npm ci in tests/clients/node")
             stamp.write_text(want)
-    return [node, str(NODE_DIR / "openai_client.mjs")]
+    return [node]
 
 
 @pytest.fixture(scope="package")  # gone once the client modules are done

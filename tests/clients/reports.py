@@ -42,7 +42,8 @@ def case_names(script: Path) -> list[str]:
 def client_env(base_url: str) -> dict[str, str]:
     """The scripts' environment: nothing that points a library at the outside."""
     env = {k: v for k, v in os.environ.items()
-           if not k.lower().endswith("_proxy") and not k.startswith(("OPENAI_", "LITELLM_"))}
+           if not k.lower().endswith("_proxy")
+           and not k.startswith(("OPENAI_", "LITELLM_", "ANTHROPIC_"))}
     return {**env, "NO_PROXY": "127.0.0.1,localhost", "OPENAI_API_KEY": "unused",
             # a client built without an explicit base URL still lands on the server
             "OPENAI_BASE_URL": base_url + "/v1", "PYTHONDONTWRITEBYTECODE": "1"}

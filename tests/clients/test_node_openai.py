@@ -12,7 +12,7 @@ pytestmark = pytest.mark.timeout(MODULE_TIMEOUT)
 
 @pytest.fixture(scope="module")
 def report(node_client: list[str], client_server: str) -> ClientReport:
-    return run_client(SCRIPT.name, node_client, client_server, NODE_DIR)
+    return run_client(SCRIPT.name, [*node_client, str(SCRIPT)], client_server, NODE_DIR)
 
 
 @pytest.mark.parametrize("case", case_names(SCRIPT))
