@@ -143,10 +143,13 @@ class GrammarPool:
         reply = await self._job(Job(grammar), Verdict, "compiling a request's grammar")
         return reply.error
 
-    async def parse_json(self, chunks: list[bytes], longest: int | None = None) -> Parsed:
+    async def parse_json(self, chunks: list[bytes], longest: int | None = None,
+                         most_items: int | None = None) -> Parsed:
         """Parse a big request body, in ``chunks``, in a worker (``json_input.loads``); a
-        string of more than ``longest`` characters in it is reported, not sent back."""
-        return await self._job(ParseJob(sum(map(len, chunks)), longest=longest), Parsed,
+        string of more than ``longest`` characters in it, or an array or object of more
+        than ``most_items`` members, is reported, not sent back."""
+        job = ParseJob(sum(map(len, chunks)), longest=longest, most_items=most_items)
+        return await self._job(job, Parsed,
                                "parsing a request body", chunks)
 
     async def _job(self, job: Job | ParseJob, answer: type[_Answer], what: str,

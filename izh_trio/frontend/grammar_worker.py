@@ -69,9 +69,11 @@ class ParseJob:
 
     size: int
     data: bytes = b""
-    #: The longest string the document may hold, in characters (None: any): a longer one
-    #: is reported, not sent back (``Parsed.too_long``).
+    #: The longest string the document may hold, in characters (None: any), and the most
+    #: members an array or object may have: a bigger one is reported, not sent back
+    #: (``Parsed.too_long``).
     longest: int | None = None
+    most_items: int | None = None
 
 
 @attrs.frozen
@@ -83,7 +85,8 @@ class Parsed:
     value: Any = None
     error: str | None = None
     field: str | None = None
-    too_long: int | None = None
+    too_long: int | None = None  # the size of what was too big: characters, or members
+    too_long_kind: str = "text"  # "text" (a string) or "array" (an array or object)
 
 
 Message = Hello | Job | Verdict | ParseJob | Parsed
@@ -166,28 +169,36 @@ def _parse(job: ParseJob) -> Parsed:
         value = json_input.loads(job.data)
     except json_input.JSONInputError as exc:
         return Parsed(error=exc.message, field=exc.field)
-    if job.longest is not None and (found := _overlong(value, job.longest)) is not None:
-        field, length = found
-        return Parsed(field=field, too_long=length)
+    found = _overlong(value, job.longest, job.most_items)
+    if found is not None:
+        field, size, kind = found
+        return Parsed(field=field, too_long=size, too_long_kind=kind)
     return Parsed(value)
 
 
-def _overlong(document: Any, longest: int) -> tuple[str | None, int] | None:
+def _overlong(document: Any, longest: int | None, most_items: int | None
+              ) -> tuple[str | None, int, str] | None:
     """The top-level field holding a string (a value or a key) of more than ``longest``
-    characters, and its length; None if there is none."""
+    characters or an array or object of more than ``most_items`` members, its size and its
+    kind; None if there is none."""
+    if longest is None and most_items is None:
+        return None
     tops = document.items() if isinstance(document, dict) else [(None, document)]
     for top, value in tops:
         stack = [top or "", value]
         while stack:
             item = stack.pop()
             if isinstance(item, str):
-                if len(item) > longest:
-                    return top, len(item)
-            elif isinstance(item, dict):
-                stack += item.keys()
-                stack += item.values()
-            elif isinstance(item, list):
-                stack += item
+                if longest is not None and len(item) > longest:
+                    return top, len(item), "text"
+            elif isinstance(item, dict | list):
+                if most_items is not None and len(item) > most_items:
+                    return top, len(item), "array"
+                if isinstance(item, dict):
+                    stack += item.keys()
+                    stack += item.values()
+                else:
+                    stack += item
     return None
 
 

@@ -151,13 +151,20 @@ class PromptSize:
             return None
         return int(max_model_len * self.chars_per_token * factor)
 
-    def string_error(self, chars: int, max_model_len: int, field: str | None) -> APIError:
-        """The 400 for a string of ``chars`` characters in ``field`` of a request body,
-        longer than any text that fits the context (``longest``), wherever it would go."""
-        most = self.longest(max_model_len)
-        assert most is not None
-        where = f"'{field}' holds a text" if field else "the request holds a text"
-        return _too_long(where, chars, most, max_model_len, field)
+    def size_error(self, size: int, kind: str, max_model_len: int,
+                   field: str | None) -> APIError:
+        """The 400 for a string of ``size`` characters (``kind`` "text") in ``field`` of a
+        request body, longer than any text that fits the context (``longest``), or for an
+        array or object of ``size`` members (``kind`` "array"), more than any use has."""
+        where = f"'{field}' holds" if field else "the request holds"
+        if kind == "text":
+            most = self.longest(max_model_len)
+            assert most is not None
+            return _too_long(f"{where} a text", size, most, max_model_len, field)
+        return APIError(400, f"{where} an array or object of {size} members, more than a "
+                             f"request to a model of {max_model_len} tokens has a use for "
+                             f"(judged by its size, without reading it)",
+                        param=field, code="context_length_exceeded")
 
 
 def _too_long(what: str, chars: int, most: int, max_model_len: int,

@@ -76,6 +76,17 @@ def test_a_30mb_prompt_is_refused_by_its_size(hostile_server: HostileServer, pat
         assert error["param"] == param, error
 
 
+def test_a_prompt_of_millions_of_token_ids_is_refused_by_its_size(
+        hostile_server: HostileServer) -> None:
+    """21 MB of token ids: read, checked and refused in the parse worker; decoded and
+    validated on the event loop, they held it for ~0.9 s."""
+    content = _encoded({"model": MODEL, "prompt": [5] * 7_000_000, "max_tokens": 4})
+    with watched(hostile_server):
+        error = openai_error(_post(hostile_server, COMPLETIONS, content), 400)
+    assert error["code"] == "context_length_exceeded" and error["param"] == "prompt", error
+    assert "7000000 members" in error["message"], error
+
+
 def test_a_huge_conversation_is_refused_before_rendering(hostile_server: HostileServer) -> None:
     """The messages' text together proves it: no turn alone is too long."""
     turn = "hello world " * (40_000 // 12)  # under the bound (tens of KB here)

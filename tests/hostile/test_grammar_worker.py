@@ -182,25 +182,31 @@ async def test_closing_the_pool_stops_its_workers(spec: WorkerSpec) -> None:
     assert not any(alive(pid) for pid in pids)
 
 
-@pytest.mark.parametrize(("document", "field", "length"), [
-    ({"prompt": "x" * 11, "n": 1}, "prompt", 11),
-    ({"messages": [{"role": "user", "content": [{"text": "é" * 12}]}]}, "messages", 12),
-    ({"logit_bias": {"k" * 13: 1}}, "logit_bias", 13),  # a key counts too
-    (["y" * 14], None, 14),
-    ({"prompt": "x" * 10, "stop": ["z" * 10]}, None, None),  # at the bound: kept
+@pytest.mark.parametrize(("document", "field", "size", "kind"), [
+    ({"prompt": "x" * 11, "n": 1}, "prompt", 11, "text"),
+    ({"messages": [{"role": "user", "content": [{"text": "é" * 12}]}]}, "messages", 12,
+     "text"),
+    ({"logit_bias": {"k" * 13: 1}}, "logit_bias", 13, "text"),  # a key counts too
+    (["y" * 14], None, 14, "text"),
+    ({"prompt": [1] * 6}, "prompt", 6, "array"),
+    ({"model": "m", "logit_bias": {str(i): 1 for i in range(7)}}, "logit_bias", 7, "array"),
+    ({"prompt": "x" * 10, "stop": ["z" * 10], "ids": [1] * 5}, None, None, None),  # at the bounds
 ])
-async def test_a_parse_job_reports_an_overlong_string_instead_of_it(
-        spec: WorkerSpec, document: object, field: str | None, length: int | None) -> None:
-    """A string longer than any text the context can hold never comes back to the event loop
-    (decoding megabytes there stalls it): the worker names its top-level field instead."""
+async def test_a_parse_job_reports_an_overlong_value_instead_of_it(
+        spec: WorkerSpec, document: object, field: str | None, size: int | None,
+        kind: str | None) -> None:
+    """A string longer than any text the context can hold, or an array longer than any use,
+    never comes back to the event loop (decoding megabytes there stalls it): the worker
+    names its top-level field instead."""
     pool = GrammarPool(lambda: spec)
     try:
         data = json.dumps(document, ensure_ascii=False).encode()
-        parsed = await pool.parse_json([data[:7], data[7:]], longest=10)
+        parsed = await pool.parse_json([data[:7], data[7:]], longest=10, most_items=5)
     finally:
         await pool.aclose()
     assert parsed.error is None
-    if length is None:
+    if size is None:
         assert (parsed.value, parsed.too_long) == (document, None)
     else:
-        assert (parsed.value, parsed.field, parsed.too_long) == (None, field, length)
+        assert (parsed.value, parsed.field, parsed.too_long, parsed.too_long_kind) == (
+            None, field, size, kind)

@@ -74,12 +74,17 @@ async def json_body(request: Request) -> Any:
         # they are, never joined here (a fresh buffer of megabytes costs the loop its page
         # faults)
         server = server_of(current_app)
-        limit = server.ready.max_model_len
-        parsed = await _parsed_by_a_worker(chunks, server.prompt_size.longest(limit))
+        limit, vocab = server.ready.max_model_len, server.ready.model.vocab_size
+        # No text longer than any prompt that fits has a use, wherever it is; nor an array
+        # (or object) longer than the context and the vocabulary both: token ids, messages
+        # and tools each take a token of the prompt, logit_bias a token of the vocabulary.
+        parsed = await _parsed_by_a_worker(chunks, server.prompt_size.longest(limit),
+                                           max(limit, vocab))
         del chunks  # megabytes of small buffers, now free in the heap: give them back
         await trio.to_thread.run_sync(heap.trim)
-        if parsed.too_long is not None:  # no text that long fits, wherever it would go
-            raise server.prompt_size.string_error(parsed.too_long, limit, parsed.field)
+        if parsed.too_long is not None:
+            raise server.prompt_size.size_error(parsed.too_long, parsed.too_long_kind, limit,
+                                                parsed.field)
         if parsed.error is not None:
             raise APIError(400, f"the request body is not valid JSON: {parsed.error}",
                            param=parsed.field)
@@ -92,10 +97,11 @@ async def json_body(request: Request) -> Any:
                        param=exc.field) from None
 
 
-async def _parsed_by_a_worker(chunks: list[bytes], longest: int | None) -> Parsed:
+async def _parsed_by_a_worker(chunks: list[bytes], longest: int | None,
+                              most_items: int) -> Parsed:
     pool = server_of(current_app).grammars
     try:
-        return await pool.parse_json(chunks, longest)
+        return await pool.parse_json(chunks, longest, most_items)
     except (GrammarTimeout, GrammarCrashed):
         raise APIError(400, "the request body is too large or too complex to parse") from None
     except (GrammarBusy, GrammarUnavailable):
