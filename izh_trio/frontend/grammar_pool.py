@@ -143,12 +143,15 @@ class GrammarPool:
         reply = await self._job(Job(grammar), Verdict, "compiling a request's grammar")
         return reply.error
 
-    async def parse_json(self, chunks: list[bytes], longest: int | None = None,
-                         most_items: int | None = None) -> Parsed:
+    async def parse_json(self, chunks: list[bytes], bounded: tuple[str, ...] = (),
+                         longest: int | None = None, most_items: int | None = None
+                         ) -> Parsed:
         """Parse a big request body, in ``chunks``, in a worker (``json_input.loads``); a
-        string of more than ``longest`` characters in it, or an array or object of more
-        than ``most_items`` members, is reported, not sent back."""
-        job = ParseJob(sum(map(len, chunks)), longest=longest, most_items=most_items)
+        string of more than ``longest`` characters, or an array or object of more than
+        ``most_items`` members, in one of its ``bounded`` top-level fields is reported, not
+        sent back."""
+        job = ParseJob(sum(map(len, chunks)), longest=longest, most_items=most_items,
+                       bounded=bounded)
         return await self._job(job, Parsed,
                                "parsing a request body", chunks)
 

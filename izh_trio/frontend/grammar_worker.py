@@ -69,11 +69,12 @@ class ParseJob:
 
     size: int
     data: bytes = b""
-    #: The longest string the document may hold, in characters (None: any), and the most
-    #: members an array or object may have: a bigger one is reported, not sent back
-    #: (``Parsed.too_long``).
+    #: The longest string the document's ``bounded`` top-level fields may hold, in
+    #: characters (None: any), and the most members an array or object there may have: a
+    #: bigger one is reported, not sent back (``Parsed.too_long``).
     longest: int | None = None
     most_items: int | None = None
+    bounded: tuple[str, ...] = ()
 
 
 @attrs.frozen
@@ -169,23 +170,24 @@ def _parse(job: ParseJob) -> Parsed:
         value = json_input.loads(job.data)
     except json_input.JSONInputError as exc:
         return Parsed(error=exc.message, field=exc.field)
-    found = _overlong(value, job.longest, job.most_items)
+    found = _overlong(value, job.bounded, job.longest, job.most_items)
     if found is not None:
         field, size, kind = found
         return Parsed(field=field, too_long=size, too_long_kind=kind)
     return Parsed(value)
 
 
-def _overlong(document: Any, longest: int | None, most_items: int | None
-              ) -> tuple[str | None, int, str] | None:
-    """The top-level field holding a string (a value or a key) of more than ``longest``
-    characters or an array or object of more than ``most_items`` members, its size and its
-    kind; None if there is none."""
-    if longest is None and most_items is None:
+def _overlong(document: Any, bounded: tuple[str, ...], longest: int | None,
+              most_items: int | None) -> tuple[str, int, str] | None:
+    """The first of the ``bounded`` top-level fields holding a string (a value or a key) of
+    more than ``longest`` characters or an array or object of more than ``most_items``
+    members, its size and its kind; None if there is none."""
+    if not isinstance(document, dict) or (longest is None and most_items is None):
         return None
-    tops = document.items() if isinstance(document, dict) else [(None, document)]
-    for top, value in tops:
-        stack = [top or "", value]
+    for top in bounded:
+        if top not in document:
+            continue
+        stack = [document[top]]
         while stack:
             item = stack.pop()
             if isinstance(item, str):

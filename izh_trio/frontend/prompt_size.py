@@ -155,16 +155,18 @@ class PromptSize:
                    field: str | None) -> APIError:
         """The 400 for a string of ``size`` characters (``kind`` "text") in ``field`` of a
         request body, longer than any text that fits the context (``longest``), or for an
-        array or object of ``size`` members (``kind`` "array"), more than any use has."""
+        array or object of ``size`` members (``kind`` "array"), more than the context has
+        tokens; ``field`` is one whose content goes into the prompt."""
         where = f"'{field}' holds" if field else "the request holds"
         if kind == "text":
             most = self.longest(max_model_len)
             assert most is not None
             return _too_long(f"{where} a text", size, most, max_model_len, field)
-        return APIError(400, f"{where} an array or object of {size} members, more than a "
-                             f"request to a model of {max_model_len} tokens has a use for "
-                             f"(judged by its size, without reading it)",
-                        param=field, code="context_length_exceeded")
+        return APIError(400, f"This model's maximum context length is {max_model_len} "
+                             f"tokens. However, {where} an array or object of {size} members, "
+                             f"each of which takes a token at least (judged by its size, "
+                             f"without tokenizing it)", param=field,
+                        code="context_length_exceeded")
 
 
 def _too_long(what: str, chars: int, most: int, max_model_len: int,

@@ -17,6 +17,7 @@ import cattrs
 from attrs import validators as v
 
 from izh_trio.frontend.errors import APIError, innermost_message
+from izh_trio.frontend.field_checks import refused
 
 T = TypeVar("T", bound=attrs.AttrsInstance)
 Hook = Callable[[Any], Any]
@@ -162,27 +163,6 @@ def _text_modality(_inst: Any, attr: "attrs.Attribute[Any]", value: Any) -> None
         if modality != "text":
             raise ValueError(f"'{attr.name}' entries must be \"text\" or \"audio\", not "
                              f"{modality!r}")
-
-
-def refused(why: str) -> Callable[[Any, "attrs.Attribute[Any]", Any], None]:
-    """Fields that would change the answer and that this server cannot honour: a 400 when set
-    (null is the same as leaving them out)."""
-
-    def check(_inst: Any, attr: "attrs.Attribute[Any]", value: Any) -> None:
-        if value is not None:
-            raise ValueError(f"'{attr.name}' is not supported: {why}")
-
-    return check
-
-
-def only_one(why: str) -> Callable[[Any, "attrs.Attribute[Any]", Any], None]:
-    """A count (``n``) an API answers with one of its own objects: 1, or a 400 saying why."""
-
-    def check(_inst: Any, attr: "attrs.Attribute[Any]", value: Any) -> None:
-        if value != 1:
-            raise ValueError(f"'{attr.name}' {why}")
-
-    return check
 
 
 @attrs.frozen(kw_only=True)

@@ -186,22 +186,25 @@ async def test_closing_the_pool_stops_its_workers(spec: WorkerSpec) -> None:
     ({"prompt": "x" * 11, "n": 1}, "prompt", 11, "text"),
     ({"messages": [{"role": "user", "content": [{"text": "é" * 12}]}]}, "messages", 12,
      "text"),
-    ({"logit_bias": {"k" * 13: 1}}, "logit_bias", 13, "text"),  # a key counts too
-    (["y" * 14], None, 14, "text"),
+    ({"tools": [{"k" * 13: 1}]}, "tools", 13, "text"),  # a key counts too
     ({"prompt": [1] * 6}, "prompt", 6, "array"),
-    ({"model": "m", "logit_bias": {str(i): 1 for i in range(7)}}, "logit_bias", 7, "array"),
-    ({"prompt": "x" * 10, "stop": ["z" * 10], "ids": [1] * 5}, None, None, None),  # at the bounds
+    ({"model": "m", "messages": [{str(i): 1 for i in range(7)}]}, "messages", 7, "array"),
+    ({"prompt": "x" * 10, "messages": [[1] * 5]}, None, None, None),  # at the bounds
+    ({"user": "y" * 14, "logit_bias": {str(i): 1 for i in range(9)}}, None, None, None),
+    (["y" * 14], None, None, None),  # not a request: no field is bounded
 ])
 async def test_a_parse_job_reports_an_overlong_value_instead_of_it(
         spec: WorkerSpec, document: object, field: str | None, size: int | None,
         kind: str | None) -> None:
-    """A string longer than any text the context can hold, or an array longer than any use,
-    never comes back to the event loop (decoding megabytes there stalls it): the worker
-    names its top-level field instead."""
+    """In a field whose content goes into the prompt, a string longer than any text the
+    context can hold, or an array of more members than it has tokens, never comes back to the
+    event loop (decoding megabytes there stalls it): the worker names the field instead.
+    Other fields come back whole."""
     pool = GrammarPool(lambda: spec)
     try:
         data = json.dumps(document, ensure_ascii=False).encode()
-        parsed = await pool.parse_json([data[:7], data[7:]], longest=10, most_items=5)
+        parsed = await pool.parse_json([data[:7], data[7:]], ("prompt", "messages", "tools"),
+                                       longest=10, most_items=5)
     finally:
         await pool.aclose()
     assert parsed.error is None

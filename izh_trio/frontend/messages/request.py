@@ -13,7 +13,8 @@ from typing import Any, ClassVar
 import attrs
 from attrs import validators as v
 
-from izh_trio.frontend.schemas import SamplingFields, only_one, refused
+from izh_trio.frontend.field_checks import only_one, refused
+from izh_trio.frontend.schemas import SamplingFields
 
 
 def _strings(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:

@@ -74,8 +74,10 @@ async def render(server: Server, req: MessagesRequest | CountTokensRequest,
     if None in tags:
         raise APIError(400, f"this model has no {THINK_OPEN} and {THINK_CLOSE} tokens, so a "
                             "thinking budget cannot be enforced", param="thinking")
-    opened = [*ids, *tokenizer.encode(THINK_OPEN + "\n")]
-    return Prompt(opened, plan, think, think_end=tuple(tokenizer.encode(THINK_CLOSE + "\n\n")))
+    opener = tokenizer.encode(THINK_OPEN + "\n")
+    if ids[-len(opener):] != opener:  # (a thinking model's own template may open it)
+        ids = [*ids, *opener]
+    return Prompt(ids, plan, think, think_end=tuple(tokenizer.encode(THINK_CLOSE + "\n\n")))
 
 
 async def messages_job(intake: Intake[MessagesRequest]) -> Job:
@@ -98,9 +100,7 @@ async def messages_job(intake: Intake[MessagesRequest]) -> Job:
     spec = ChoiceSpec(index=0, prompt_ids=prompt.ids, params=params, stop=req.stops,
                       include_stop_str=False, skip_special_tokens=True,
                       keep_special=server.tokenizer.ids_of(MARKERS))
-    plan = prompt.plan
-
-    think = prompt.thinking
+    plan, think = prompt.plan, prompt.thinking
 
     def output(head: Head) -> MessagesOutput:
         return MessagesOutput(head, spec, plan, show_thinking=think.shown,

@@ -13,7 +13,8 @@ from typing import Any
 import attrs
 from attrs import validators as v
 
-from izh_trio.frontend.schemas import SamplingFields, only_one, refused
+from izh_trio.frontend.field_checks import only_one, refused
+from izh_trio.frontend.schemas import SamplingFields
 
 #: The ``include`` values a response can honour. ``reasoning.encrypted_content`` asks for
 #: reasoning a stateless client can send back: this server sends reasoning as plain text,

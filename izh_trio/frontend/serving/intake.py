@@ -32,6 +32,13 @@ REQUEST_ID_HEADER = "X-Request-Id"
 TIMEOUT_HEADER = "X-Request-Timeout"
 #: A body this large is parsed by a worker process (``grammar_worker``), off the event loop.
 _BIG_BODY = 1 << 20
+#: The top-level fields of every API whose content is rendered into the prompt. In them, a
+#: text longer than any prompt that fits, or an array or object of more members than the
+#: context has tokens (each token id, message, part or tool takes one at least), cannot be
+#: used: the parse worker reports it by its size rather than send megabytes back to be
+#: decoded on the event loop (a 30 MB string held it 20-100 ms, 7 M token ids ~0.9 s).
+PROMPT_FIELDS = ("prompt", "messages", "input", "instructions", "system", "tools",
+                 "functions")
 
 
 @attrs.frozen
@@ -74,12 +81,8 @@ async def json_body(request: Request) -> Any:
         # they are, never joined here (a fresh buffer of megabytes costs the loop its page
         # faults)
         server = server_of(current_app)
-        limit, vocab = server.ready.max_model_len, server.ready.model.vocab_size
-        # No text longer than any prompt that fits has a use, wherever it is; nor an array
-        # (or object) longer than the context and the vocabulary both: token ids, messages
-        # and tools each take a token of the prompt, logit_bias a token of the vocabulary.
-        parsed = await _parsed_by_a_worker(chunks, server.prompt_size.longest(limit),
-                                           max(limit, vocab))
+        limit = server.ready.max_model_len
+        parsed = await _parsed_by_a_worker(chunks, server.prompt_size.longest(limit), limit)
         del chunks  # megabytes of small buffers, now free in the heap: give them back
         await trio.to_thread.run_sync(heap.trim)
         if parsed.too_long is not None:
@@ -101,7 +104,7 @@ async def _parsed_by_a_worker(chunks: list[bytes], longest: int | None,
                               most_items: int) -> Parsed:
     pool = server_of(current_app).grammars
     try:
-        return await pool.parse_json(chunks, longest, most_items)
+        return await pool.parse_json(chunks, PROMPT_FIELDS, longest, most_items)
     except (GrammarTimeout, GrammarCrashed):
         raise APIError(400, "the request body is too large or too complex to parse") from None
     except (GrammarBusy, GrammarUnavailable):
