@@ -3,17 +3,23 @@ much longer it slept. Every request's first byte and every stream's next event w
 the same loop, so its lag is the server's responsiveness as a client feels it (``/health``
 included), measured where it happens rather than from a client that has its own scheduling.
 
-Lag has two causes this cannot tell apart: work on the loop that does not yield (a bug to
-find: a warning names each long one), and a machine that did not give the process a core.
+A late wake-up is the server's own doing only if the process ran meanwhile: work on the loop
+that does not yield, a garbage collection (logged as one), another thread holding the GIL, a
+burst of page faults all spend this process's CPU time. A machine that gave the process no
+core (other processes, a hypervisor's steal) spends none. So a late sample during which the
+process's CPU time was at least half the lag is a *stall*, counted apart
+(``izh:event_loop_stalls_total``): the measure that does not depend on the machine's load.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
+from typing import Any
 
 import trio
-from prometheus_client import CollectorRegistry, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 log = logging.getLogger(__name__)
 
@@ -37,17 +43,50 @@ class LoopLag:
                            registry=registry)
         self._worst = 0.0
 
-    def record(self, lag: float) -> None:
+        self.stalls = Counter("izh:event_loop_stalls",
+                              f"Late wake-ups of {WARN_AFTER * 1000:.0f} ms or more during "
+                              "which this process ran (its own work, not the machine's load).",
+                              registry=registry)
+        self.gc_pauses = Histogram("izh:gc_pause_seconds",
+                                   "Garbage collections of the HTTP process, by generation.",
+                                   ["generation"], buckets=_BUCKETS, registry=registry)
+        self._gc_start = 0.0
+
+    def record(self, lag: float, cpu: float = 0.0, loop_cpu: float = 0.0) -> None:
+        """One sample: ``lag`` past the asked wake-up; ``cpu`` the process's CPU time and
+        ``loop_cpu`` the loop thread's over the whole sleep."""
         self.samples.observe(lag)
         if lag > self._worst:
             self._worst = lag
             self.worst.set(lag)
         if lag >= WARN_AFTER:
-            log.warning("the event loop was %.0f ms late", lag * 1000)
+            stall = cpu >= lag / 2
+            if stall:
+                self.stalls.inc()
+            log.warning("the event loop was %.0f ms late; meanwhile the process ran %.0f ms "
+                        "(its loop thread %.0f ms): %s", lag * 1000, cpu * 1000,
+                        loop_cpu * 1000, "a stall of its own" if stall else
+                        "the machine did not run it")
 
     async def watch(self) -> None:
-        """Sample the loop until cancelled."""
-        while True:
-            asked = time.perf_counter() + PERIOD
-            await trio.sleep(PERIOD)
-            self.record(max(0.0, time.perf_counter() - asked))
+        """Sample the loop (and time garbage collections) until cancelled."""
+        gc.callbacks.append(self._on_gc)
+        try:
+            while True:
+                asked = time.perf_counter() + PERIOD
+                cpu, loop_cpu = time.process_time(), time.thread_time()
+                await trio.sleep(PERIOD)
+                self.record(max(0.0, time.perf_counter() - asked),
+                            time.process_time() - cpu, time.thread_time() - loop_cpu)
+        finally:
+            gc.callbacks.remove(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+            return
+        pause = time.perf_counter() - self._gc_start
+        self.gc_pauses.labels(str(info["generation"])).observe(pause)
+        if pause >= WARN_AFTER / 2:
+            log.warning("a garbage collection of generation %d took %.0f ms (%d objects "
+                        "tracked)", info["generation"], pause * 1000, len(gc.get_objects()))
