@@ -30,8 +30,8 @@ from tests.e2e.conftest import engine_pid, free_port, running_server, scrape, se
 
 MODEL = "qwen3-test"
 #: /health must answer within this while hostile requests are served (the issue's bound),
-#: unless the server was not running: its loop's stalls (late wake-ups of this much during
-#: which its process ran, ``izh:event_loop_stalls_total``) must not rise at all.
+#: unless the server was not running: its loop's stalls (late wake-ups during which its
+#: process ran this much, ``izh:event_loop_stalls_total``) must not rise at all.
 HEALTH_BOUND = 0.1
 STALLS = "izh:event_loop_stalls_total"
 #: Past this, /health is not late but stuck, whatever the machine did.
