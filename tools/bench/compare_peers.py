@@ -140,12 +140,15 @@ def report(results: dict, out: Path) -> dict:
           f"{'per-round':>11}")
     for name, by_kind in results.items():
         for metric in METRICS:
-            med = {k: statistics.median(pt[metric] for pt in pts) for k, pts in by_kind.items()}
+            # A round can lack a metric (no inter-token gap when every answer came in one
+            # chunk): medians are of the rounds that have it.
+            med = {k: statistics.median(values) for k, pts in by_kind.items()
+                   if (values := [pt[metric] for pt in pts if pt[metric] is not None])}
             ratio = (med["izh"] / med["vllm"] if {"izh", "vllm"} <= med.keys() and med["vllm"]
                      else None)  # a peer that sent everything in one chunk has ITL 0
             pairs = [a[metric] / b[metric] for a, b in
                      zip(by_kind.get("izh", []), by_kind.get("vllm", []), strict=False)
-                     if b[metric]]
+                     if a[metric] is not None and b[metric]]
             per_round = statistics.median(pairs) if pairs else None
             summary.setdefault(name, {})[metric] = {**med, "ratio": ratio,
                                                     "per_round_ratio": per_round}
