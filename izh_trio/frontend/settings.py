@@ -97,8 +97,6 @@ class Settings:
     request_timeout: float = setting(
         0.0, "default generation deadline in seconds (0: none); X-Request-Timeout overrides it",
         validator=v.ge(0))
-    drain_timeout: float = setting(
-        30.0, "seconds in-flight requests get to finish on SIGTERM", validator=v.ge(0))
     max_body_bytes: int = setting(32 << 20, "largest request body", validator=v.ge(1024))
     max_stream_buffer_tokens: int = setting(
         8192, "output tokens a stream may fall behind its client before it is aborted",
@@ -106,11 +104,13 @@ class Settings:
     # As vLLM's --stream-interval: fewer, larger events when per-event cost is the limit.
     stream_interval: int = setting(
         1, "tokens per SSE event after a stream's first (1: every token)", validator=v.ge(1))
+    startup_timeout: float = setting(
+        600.0, "seconds the engine may take to start, model load included", validator=v.gt(0))
     max_engine_restarts: int = setting(
         5, "consecutive engine failures after which it is no longer respawned",
         validator=v.ge(0))
-    startup_timeout: float = setting(
-        600.0, "seconds the engine may take to start, model load included", validator=v.gt(0))
+    drain_timeout: float = setting(
+        30.0, "seconds in-flight requests get to finish on SIGTERM", validator=v.ge(0))
     lora_modules: tuple[tuple[str, str], ...] = setting(
         (), "PEFT LoRA adapters to serve; a request picks one by model or lora",
         converter=_lora_modules, parse=parse_lora_module, metavar="NAME=PATH")

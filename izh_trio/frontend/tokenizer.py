@@ -7,6 +7,7 @@ files are read as transformers reads them (``tokenizer_loading``).
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -19,6 +20,8 @@ from izh_trio.frontend.detokenizer import IncrementalDetokenizer
 from izh_trio.frontend.prompt_literals import RenderedPrompt
 from izh_trio.frontend.tokenizer_loading import clean_up_tokenization, load_tokenizer
 
+log = logging.getLogger(__name__)
+
 #: Texts (characters) and id lists longer than this are encoded and decoded by the
 #: tokenizer's batch calls, which release the GIL; shorter ones by the plain calls, which
 #: cost less. (A batch of one runs in the calling thread once parallelism is off.)
@@ -29,24 +32,45 @@ _GIL_FREE_FROM = 1024
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def _bounded(default: float, low: float, high: float, *, open_low: bool = False) -> Any:
+    """A sampling default, bounded as a request's own value is."""
+    low_check = attrs.validators.gt(low) if open_low else attrs.validators.ge(low)
+    return attrs.field(default=default, validator=[low_check, attrs.validators.le(high)])
+
+
 @attrs.frozen
 class GenerationDefaults:
     """Sampling values a request leaves unset: ``generation_config.json``'s, else neutral ones."""
 
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
+    temperature: float = _bounded(1.0, 0.0, 2.0)
+    top_p: float = _bounded(1.0, 0.0, 1.0, open_low=True)
+    top_k: int = _bounded(0, -1, 1 << 31)
+    min_p: float = _bounded(0.0, 0.0, 1.0)
+    repetition_penalty: float = _bounded(1.0, 0.0, 10.0, open_low=True)
 
     @classmethod
     def from_file(cls, path: Path) -> GenerationDefaults:
+        """The file's values where they are numbers a request could give; others are logged
+        and left at the neutral default, so a checkpoint's odd config cannot stop the server."""
         if not path.is_file():
             return cls()
         raw = json.loads(path.read_text())
-        names = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
-        fields = {name: raw[name] for name in names
-                  if isinstance(raw.get(name), int | float) and not isinstance(raw[name], bool)}
+        fields: dict[str, Any] = {}
+        for field in attrs.fields(cls):
+            value = raw.get(field.name)
+            if value is None:
+                continue
+            usable = isinstance(value, int | float) and not isinstance(value, bool)
+            try:
+                if usable and field.validator is not None:
+                    field.validator(None, field, value)
+            except ValueError:
+                usable = False
+            if not usable:
+                log.warning("%s: %s=%r is not a usable default; using %r", path.name,
+                            field.name, value, field.default)
+                continue
+            fields[field.name] = value
         if raw.get("do_sample") is False:  # the checkpoint asks for greedy decoding
             fields["temperature"] = 0.0
         return cls(**fields)

@@ -20,43 +20,19 @@ import attrs
 
 from izh_trio.frontend.chat_tools import ToolPlan, plan_tools
 from izh_trio.frontend.errors import APIError
+from izh_trio.frontend.flat_tools import ToolShape
 from izh_trio.frontend.schemas import ChatCompletionRequest
 from izh_trio.frontend.structured import Constraint, json_constraint
 
-#: The optional keys of a custom tool that change nothing here.
-_TOOL_EXTRAS = ("cache_control", "type")
+#: Anthropic's custom tools; cache_control changes nothing here.
+_TOOLS = ToolShape(kind="custom", default_kind="custom", schema_key="input_schema",
+                   schema_required=True, extras=frozenset({"cache_control"}),
+                   elsewhere="server tools (web search, code execution, bash, text editor, "
+                             "computer use...)")
 
 
 def _bad(param: str, problem: str) -> APIError:
     return APIError(400, problem, param=param)
-
-
-def _function(tool: Any, where: str) -> dict[str, Any]:
-    """One Anthropic tool, as chat's ``{"type": "function", "function": {...}}``."""
-    if not isinstance(tool, dict):
-        raise _bad("tools", f"{where}: must be an object")
-    kind = tool.get("type", "custom")
-    if kind != "custom":
-        shown = repr(kind) if isinstance(kind, str) else "a non-string type"
-        raise _bad("tools", f"{where}: tool type {shown} is not supported: this server runs "
-                            "no server tools (web search, code execution, bash, text editor, "
-                            "computer use...); give custom tools with an input_schema")
-    name = tool.get("name")
-    if not isinstance(name, str) or not name:
-        raise _bad("tools", f"{where}.name: must be a non-empty string")
-    schema = tool.get("input_schema")
-    if not isinstance(schema, dict):
-        raise _bad("tools", f"{where}.input_schema: must be a JSON Schema object")
-    function: dict[str, Any] = {"name": name, "parameters": schema}
-    description = tool.get("description")
-    if description is not None:
-        if not isinstance(description, str):
-            raise _bad("tools", f"{where}.description: must be a string")
-        function["description"] = description
-    unknown = set(tool) - {"name", "description", "input_schema", *_TOOL_EXTRAS}
-    if unknown - {"strict"} or ("strict" in tool and not isinstance(tool["strict"], bool)):
-        raise _bad("tools", f"{where}: unknown or invalid fields {sorted(unknown)}")
-    return {"type": "function", "function": function}
 
 
 def _chat_choice(choice: Any) -> tuple[Any, bool]:
@@ -89,7 +65,7 @@ def tool_plan(tools: Any, choice: Any) -> ToolPlan:
     """Chat's plan for these tools: what the template shows, what is forced."""
     if tools is not None and not isinstance(tools, list):
         raise _bad("tools", "tools must be an array")
-    chat_tools = None if tools is None else [_function(t, f"tools[{i}]")
+    chat_tools = None if tools is None else [_TOOLS.to_chat(t, f"tools[{i}]")
                                              for i, t in enumerate(tools)]
     chat_choice, parallel = _chat_choice(choice)
     try:

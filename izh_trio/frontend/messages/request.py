@@ -34,17 +34,25 @@ def _metadata(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
 
 
 @attrs.frozen(kw_only=True)
-class MessagesRequest(SamplingFields):
-    max_tokens: int = attrs.field(validator=v.ge(1))
+class PromptFields:
+    """What makes a Messages request's prompt: all of a ``count_tokens`` body but its model."""
+
+    null_means_default: ClassVar[bool] = True
+
     messages: Any = attrs.field()  # checked by ``conversation``
     system: Any = None
-    stop_sequences: Any = attrs.field(default=None, validator=_strings)
     tools: Any = None  # checked by ``options``, as are tool_choice and thinking
     tool_choice: Any = None
     thinking: Any = None
-    metadata: Any = attrs.field(default=None, validator=_metadata)
     output_config: Any = None  # its format is a constraint: checked by ``options``
     chat_template_kwargs: Any = None
+
+
+@attrs.frozen(kw_only=True)
+class MessagesRequest(PromptFields, SamplingFields):
+    max_tokens: int = attrs.field(validator=v.ge(1))
+    stop_sequences: Any = attrs.field(default=None, validator=_strings)
+    metadata: Any = attrs.field(default=None, validator=_metadata)
     # Accepted, and change nothing: the prefix cache caches every prompt (cache_control);
     # the rest name Anthropic's accounts, regions and service levels.
     cache_control: Any = None
@@ -68,16 +76,7 @@ class MessagesRequest(SamplingFields):
 
 
 @attrs.frozen(kw_only=True)
-class CountTokensRequest:
-    """A ``POST /v1/messages/count_tokens`` body: what makes a Messages request's prompt."""
-
-    null_means_default: ClassVar[bool] = True
+class CountTokensRequest(PromptFields):
+    """A ``POST /v1/messages/count_tokens`` body."""
 
     model: str | None = None
-    messages: Any = attrs.field()
-    system: Any = None
-    tools: Any = None
-    tool_choice: Any = None
-    thinking: Any = None
-    output_config: Any = None
-    chat_template_kwargs: Any = None

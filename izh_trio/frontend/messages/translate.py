@@ -17,7 +17,7 @@ from izh_trio.frontend.generation import ChoiceSpec
 from izh_trio.frontend.messages.conversation import chat_messages
 from izh_trio.frontend.messages.options import Thinking, output_format, thinking, tool_plan
 from izh_trio.frontend.messages.output import KEEPALIVE, MessagesOutput
-from izh_trio.frontend.messages.request import CountTokensRequest, MessagesRequest
+from izh_trio.frontend.messages.request import CountTokensRequest, MessagesRequest, PromptFields
 from izh_trio.frontend.openai_params import check_prompt, request_salt, sampling_params
 from izh_trio.frontend.server import Server
 from izh_trio.frontend.serving.api import Head, Job
@@ -37,7 +37,7 @@ class Prompt:
     think_end: tuple[int, ...] = ()  # what closes the think block a budget opened
 
 
-async def render(server: Server, req: MessagesRequest | CountTokensRequest,
+async def render(server: Server, req: PromptFields,
                  max_tokens: int | None) -> Prompt:
     """The request's prompt ids, its tool plan and its thinking, checked. Thinking with a
     budget (type ``enabled``) is thinking for sure: the prompt opens the think block, and

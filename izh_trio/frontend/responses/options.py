@@ -14,6 +14,7 @@ from typing import Any
 
 from izh_trio.frontend.chat_tools import ToolPlan, plan_tools
 from izh_trio.frontend.errors import APIError
+from izh_trio.frontend.flat_tools import ToolShape
 from izh_trio.frontend.schemas import REASONING_EFFORTS, ChatCompletionRequest
 from izh_trio.frontend.structured import Constraint, json_constraint
 
@@ -25,29 +26,10 @@ def _bad(param: str, problem: str) -> APIError:
     return APIError(400, problem, param=param)
 
 
-def _function(tool: Any, where: str) -> dict[str, Any]:
-    """One flat function tool, as chat's ``{"type": "function", "function": {...}}``."""
-    if not isinstance(tool, dict):
-        raise _bad("tools", f"{where}: must be an object")
-    kind = tool.get("type")
-    if kind != "function":
-        shown = repr(kind) if isinstance(kind, str) else "a tool without a string type"
-        raise _bad("tools", f"{where}: tool type {shown} is not supported: this server runs "
-                            "no built-in tools (web search, file search, computer use, code "
-                            "interpreter, image generation, MCP...); give function tools")
-    name = tool.get("name")
-    if not isinstance(name, str) or not name:
-        raise _bad("tools", f"{where}.name: must be a non-empty string")
-    function: dict[str, Any] = {"name": name}
-    for key, kind_of, what in (("description", str, "a string"),
-                               ("parameters", dict, "a JSON Schema object")):
-        if tool.get(key) is not None:
-            if not isinstance(tool[key], kind_of):
-                raise _bad("tools", f"{where}.{key}: must be {what}")
-            function[key] = tool[key]
-    if tool.get("strict") is not None and not isinstance(tool["strict"], bool):
-        raise _bad("tools", f"{where}.strict: must be a boolean")
-    return {"type": "function", "function": function}
+_TOOLS = ToolShape(kind="function", default_kind=None, schema_key="parameters",
+                   schema_required=False,
+                   elsewhere="built-in tools (web search, file search, computer use, code "
+                             "interpreter, image generation, MCP...)")
 
 
 def _chat_choice(choice: Any, tools: list[dict[str, Any]] | None
@@ -84,7 +66,7 @@ def tool_plan(tools: Any, choice: Any, parallel: bool) -> ToolPlan:
     """Chat's plan for these Responses tools: what the template shows, what is forced."""
     if tools is not None and not isinstance(tools, list):
         raise _bad("tools", "tools must be an array")
-    chat_tools = None if tools is None else [_function(t, f"tools[{i}]")
+    chat_tools = None if tools is None else [_TOOLS.to_chat(t, f"tools[{i}]")
                                              for i, t in enumerate(tools)]
     chat_choice, offered = _chat_choice(choice, chat_tools)
     return plan_tools(ChatCompletionRequest(messages=None, tools=offered,
