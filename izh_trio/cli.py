@@ -16,7 +16,7 @@ from attrs import validators as v
 
 from izh_trio.frontend.setting_fields import add_flags, given_flags, setting
 from izh_trio.frontend.settings import Settings
-from izh_trio.tiny import TinySpec, make_tiny_checkpoint
+from izh_trio.tiny import SHAPES, TinySpec, make_tiny_checkpoint
 from izh_trio.wire import log_format
 
 
@@ -38,6 +38,7 @@ _TINY_FLAGS = {
     "--kv-heads": ("num_key_value_heads", "key/value heads"),
     "--head-dim": ("head_dim", "head dimension"),
     "--seed": ("seed", "seed of the random weights"),
+    "--embedding-rows": ("embedding_rows", "rows of the embedding and head (default: vocab)"),
 }
 
 
@@ -59,6 +60,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                           "for itself; the flags make other shapes (benchmarks).")
     tiny.add_argument("dir", type=Path, metavar="DIR",
                       help="where to write it: missing, empty, or this checkpoint already")
+    tiny.add_argument("--shape", choices=sorted(SHAPES), default=argparse.SUPPRESS,
+                      help="a real model's shape (the flags above change it further)")
     default = TinySpec()
     for flag, (field, text) in _TINY_FLAGS.items():
         tiny.add_argument(flag, dest=field, type=int, default=argparse.SUPPRESS, metavar="N",
@@ -166,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     parser, commands = _parser()
     args = parser.parse_args(argv)
     if args.command == "make-tiny":
-        shape = {k: v for k, v in vars(args).items() if k not in ("command", "dir")}
+        given = {k: v for k, v in vars(args).items() if k not in ("command", "dir", "shape")}
+        shape = {**SHAPES.get(getattr(args, "shape", ""), {}), **given}
         spec = _built(commands["make-tiny"], TinySpec, shape)
         try:
             print(make_tiny_checkpoint(args.dir, spec))

@@ -68,7 +68,7 @@ def model_config(spec: TinySpec) -> dict[str, Any]:
         "torch_dtype": "float32",
         "use_cache": True,
         "use_sliding_window": False,
-        "vocab_size": spec.vocab_size,
+        "vocab_size": spec.rows,
     }
 
 

@@ -259,3 +259,27 @@ def test_spec_validation() -> None:
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
         TinySpec().seed = 1  # type: ignore[misc]
     assert TinySpec(rope_theta=10_000).rope_theta == 10_000.0
+
+
+def test_padded_embedding_rows(tmp_path: Path) -> None:
+    """Rows past the tokenizer's vocabulary, as real checkpoints pad them: transformers reads
+    the config's vocab_size as the rows, the tokenizer keeps its own size."""
+    torch = pytest.importorskip("torch")
+    spec = TinySpec(vocab_size=600, embedding_rows=640, num_hidden_layers=1, seed=4)
+    out = make_tiny_checkpoint(tmp_path / "padded", spec)
+    assert _read_json(out / "config.json")["vocab_size"] == 640
+    assert tokenizers.Tokenizer.from_file(str(out / "tokenizer.json")).get_vocab_size() == 600
+    model = transformers.AutoModelForCausalLM.from_pretrained(out)
+    with torch.no_grad():
+        assert model(torch.tensor([[1, 2, 3]])).logits.shape == (1, 3, 640)
+    with pytest.raises(ValueError, match="embedding_rows"):
+        TinySpec(vocab_size=600, embedding_rows=599)
+
+
+def test_named_shapes_are_valid_specs() -> None:
+    from izh_trio.tiny import SHAPES
+
+    spec = TinySpec(**SHAPES["qwen3-0.6b"])  # type: ignore[arg-type]
+    assert (spec.rows, spec.hidden_size, spec.num_hidden_layers) == (151_936, 1024, 28)
+    params = sum(int(np.prod(s)) for s in weight_shapes(spec).values())
+    assert 590e6 < params < 600e6  # Qwen3-0.6B's 596 M, its embedding tied to the head

@@ -33,7 +33,8 @@ def _metadata(_inst: Any, attr: attrs.Attribute[Any], value: Any) -> None:
         raise TypeError(f"'{attr.name}.user_id' must be a string")
 
 
-@attrs.frozen(kw_only=True)
+# Not slotted: a class cannot have two bases with slots, and MessagesRequest has two.
+@attrs.frozen(kw_only=True, slots=False)
 class PromptFields:
     """What makes a Messages request's prompt: all of a ``count_tokens`` body but its model."""
 
