@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-import attrs
 import torch
 
 from izh_trio.engine.block_manager import BlockManager
@@ -14,8 +12,9 @@ from izh_trio.engine.logprobs import token_logprobs
 from izh_trio.engine.lora.adapter import LoraError
 from izh_trio.engine.model_runner import ModelRunner
 from izh_trio.engine.sampler import Sampler
-from izh_trio.engine.scheduler import ScheduledSeq, Scheduler, SchedulerConfig
+from izh_trio.engine.scheduler import Scheduler, SchedulerConfig
 from izh_trio.engine.sequence import Sequence
+from izh_trio.engine.thread_plan import ThreadPlan
 from izh_trio.wire import (
     AddRequest,
     EngineConfig,
@@ -240,28 +239,3 @@ class EngineCore:
             prefix_cache_queries=self.block_manager.prefix_queries,
             prefix_cache_hits=self.block_manager.prefix_hits,
         )
-
-
-@attrs.frozen
-class ThreadPlan:
-    """Torch threads per step. On CPU a decode step leaves one core to the HTTP frontend,
-    which streams every token it makes; a step that is mostly new prompts (a burst of
-    arrivals, when there is little to stream) takes every core, and prefills sooner
-    (``tools/bench/results/cpu-kernels.md``). ``num_threads`` set by hand fixes both."""
-
-    decode: int
-    prefill: int
-    prefill_tokens: int = 256  # from this many prompt tokens in a step, use ``prefill``
-
-    @classmethod
-    def for_config(cls, config: EngineConfig) -> ThreadPlan:
-        if config.num_threads:
-            return cls(config.num_threads, config.num_threads)
-        if not config.device.startswith("cpu"):
-            return cls(torch.get_num_threads(), torch.get_num_threads())
-        cores = os.cpu_count() or 2
-        return cls(max(1, cores - 1), cores)
-
-    def for_batch(self, batch: list[ScheduledSeq]) -> int:
-        prompt = sum(item.num_new_tokens for item in batch if item.num_new_tokens > 1)
-        return self.prefill if prompt >= self.prefill_tokens else self.decode

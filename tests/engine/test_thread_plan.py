@@ -1,15 +1,39 @@
-"""The engine's CPU threads follow the step: every core for a burst of prompts, one left to
-the frontend while decoding; a hand-set count is never changed."""
+"""The engine's CPU threads follow the step and the machine: every core for a burst of
+prompts; for decode steps every core while the rest of the machine is nearly idle, one left
+free while it is not; a hand-set count is never changed."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+import pytest
 import torch
 
-from izh_trio.engine.core import EngineCore, ThreadPlan
+from izh_trio.engine import cpu_load
+from izh_trio.engine.core import EngineCore
+from izh_trio.engine.cpu_load import OtherLoad
+from izh_trio.engine.thread_plan import GATHER_ABOVE, SPREAD_BELOW, ThreadPlan
 from izh_trio.wire import AddRequest, EngineConfig, SamplingParams
+
+
+class FakeMachine:
+    """``/proc`` as a test sets it: the machine's and this process's busy seconds, a clock."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.machine = 1000.0
+        self.own = 10.0
+
+    def run(self, seconds: float, others: float, own: float = 1.0) -> None:
+        """``seconds`` pass, the rest of the machine busy on ``others`` cores."""
+        self.now += seconds
+        self.machine += seconds * (others + own)
+        self.own += seconds * own
+
+    def load(self) -> OtherLoad:
+        return OtherLoad(window=0.25, machine=lambda: self.machine, own=lambda: self.own,
+                         clock=lambda: self.now)
 
 
 def _core(model_dir: Path, **cfg: object) -> EngineCore:
@@ -22,33 +46,81 @@ def _burst(core: EngineCore, n: int, prompt_len: int) -> None:
                                     SamplingParams(max_tokens=3, ignore_eos=True)))
 
 
-def test_a_prompt_burst_takes_every_core_and_decoding_leaves_one(hf_dir: Path) -> None:
+@pytest.fixture
+def threads_kept():
     before = torch.get_num_threads()
-    try:
-        core = _core(hf_dir, device="cpu")
-        cores = os.cpu_count() or 2
-        assert core.threads == ThreadPlan(decode=max(1, cores - 1), prefill=cores)
-        _burst(core, 8, 40)  # 320 prompt tokens in the first step
-        core.step()
-        assert torch.get_num_threads() == core.threads.prefill
-        core.step()  # decode only
-        assert torch.get_num_threads() == core.threads.decode
-        late = AddRequest("late", [60, 61, 62], SamplingParams(max_tokens=2))
-        core.add_request(late)  # a short prompt beside decodes stays on decode threads
-        core.step()
-        assert torch.get_num_threads() == core.threads.decode
-    finally:
-        torch.set_num_threads(before)
+    yield
+    torch.set_num_threads(before)
 
 
-def test_hand_set_threads_are_kept(hf_dir: Path) -> None:
-    before = torch.get_num_threads()
-    try:
-        core = _core(hf_dir, device="cpu", num_threads=1)
-        assert core.threads == ThreadPlan(decode=1, prefill=1)
-        _burst(core, 8, 40)
-        while core.has_work:
-            core.step()
-            assert torch.get_num_threads() == 1
-    finally:
-        torch.set_num_threads(before)
+def test_the_load_is_the_machine_less_this_process() -> None:
+    fake = FakeMachine()
+    load = fake.load()
+    assert load.update() is None  # no window has passed yet
+    fake.run(0.1, others=0.5)
+    assert load.update() is None  # still within the first window
+    fake.run(0.2, others=0.5)
+    assert load.update() == pytest.approx(0.5)
+    fake.run(0.3, others=0.0, own=2.0)  # this process's own threads do not count
+    assert load.update() == pytest.approx(0.0)
+    fake.run(0.1, others=1.5)
+    assert load.update() == pytest.approx(0.0)  # read at most once a window
+
+
+def test_unknown_load_is_none() -> None:
+    load = OtherLoad(machine=lambda: None)
+    assert load.update() is None and load.update() is None
+
+
+def test_proc_readers_count_this_process() -> None:
+    if cpu_load.machine_busy_seconds() is None:
+        pytest.skip("no /proc/stat here")
+    own0, machine0 = cpu_load.own_busy_seconds(), cpu_load.machine_busy_seconds()
+    x = 0
+    for i in range(3_000_000):  # some CPU of our own, which the machine counts too
+        x += i
+    own1, machine1 = cpu_load.own_busy_seconds(), cpu_load.machine_busy_seconds()
+    assert own0 is not None and own1 is not None and machine0 is not None
+    assert machine1 is not None and own1 > own0 and machine1 - machine0 >= own1 - own0 - 0.05
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores to spread over")
+def test_decode_spreads_on_an_idle_machine_and_leaves_a_core_to_a_busy_one(
+        hf_dir: Path, threads_kept: None) -> None:
+    core = _core(hf_dir, device="cpu")
+    cores = os.cpu_count() or 2
+    assert (core.threads.decode, core.threads.prefill) == (cores - 1, cores)
+    fake = FakeMachine()
+    core.threads.load = fake.load()
+    _burst(core, 8, 40)  # 320 prompt tokens in the first step: every core, whatever the load
+    core.step()
+    assert torch.get_num_threads() == cores
+    core.step()  # decode only: the load is not known yet, so a core stays free
+    assert torch.get_num_threads() == cores - 1
+    fake.run(0.3, others=SPREAD_BELOW / 2)
+    core.step()
+    assert torch.get_num_threads() == cores
+    fake.run(0.3, others=(SPREAD_BELOW + GATHER_ABOVE) / 2)  # between the lines: kept
+    core.add_request(AddRequest("late", [60, 61, 62], SamplingParams(max_tokens=2)))
+    core.step()
+    assert torch.get_num_threads() == cores
+    fake.run(0.3, others=GATHER_ABOVE * 2)  # a busy frontend
+    core.step()
+    assert torch.get_num_threads() == cores - 1
+    fake.run(0.3, others=(SPREAD_BELOW + GATHER_ABOVE) / 2)
+    core.step()
+    assert torch.get_num_threads() == cores - 1
+
+
+def test_hand_set_threads_are_kept(hf_dir: Path, threads_kept: None) -> None:
+    core = _core(hf_dir, device="cpu", num_threads=1)
+    assert (core.threads.decode, core.threads.prefill, core.threads.load) == (1, 1, None)
+    _burst(core, 8, 40)
+    while core.has_work:
+        core.step()
+        assert torch.get_num_threads() == 1
+
+
+def test_plan_without_a_load_keeps_a_core_free() -> None:
+    plan = ThreadPlan(1, 2)
+    assert plan.for_batch([]) == 1

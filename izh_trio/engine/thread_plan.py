@@ -1,0 +1,69 @@
+"""Torch threads per engine step on CPU.
+
+A step that is mostly new prompts (a burst of arrivals, when there is little to stream) takes
+every core and prefills sooner (``tools/bench/results/cpu-kernels.md``). A decode step takes
+every core while the rest of the machine is nearly idle (``cpu_load.OtherLoad``: a large
+model at a few streams, whose frontend has a token per sequence to send now and then), and
+leaves one core free while it is not (a small model at many streams, whose frontend streams
+as fast as the engine makes tokens). ``num_threads`` set by hand fixes every step's count.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import attrs
+import torch
+
+from izh_trio.engine.cpu_load import OtherLoad
+from izh_trio.engine.scheduler import ScheduledSeq
+from izh_trio.wire import EngineConfig
+
+log = logging.getLogger(__name__)
+
+#: Decode steps spread over every core while the rest of the machine uses less than this many
+#: cores, and leave one free again once it uses more than ``GATHER_ABOVE`` (in between, they
+#: stay as they are, so that a load near the line does not flip them every window). Spread
+#: on two cores, a frontend that wants more than ~0.67 of one still measures above the upper
+#: line (three runnable threads share two cores fairly), so a busy frontend is always seen.
+SPREAD_BELOW = 0.25
+GATHER_ABOVE = 0.5
+
+
+@attrs.define
+class ThreadPlan:
+    decode: int  #: a decode step's threads while the machine is busy
+    prefill: int  #: every core: prompt bursts, and decode steps on an idle machine
+    prefill_tokens: int = 256  #: from this many prompt tokens in a step, use ``prefill``
+    load: OtherLoad | None = None  #: None: decode steps always take ``decode``
+    spread: bool = attrs.field(default=False, init=False)  #: decoding on every core now
+
+    @classmethod
+    def for_config(cls, config: EngineConfig) -> ThreadPlan:
+        if config.num_threads:
+            return cls(config.num_threads, config.num_threads)
+        if not config.device.startswith("cpu"):
+            return cls(torch.get_num_threads(), torch.get_num_threads())
+        cores = os.cpu_count() or 2
+        return cls(max(1, cores - 1), cores, load=OtherLoad() if cores > 1 else None)
+
+    def for_batch(self, batch: list[ScheduledSeq]) -> int:
+        prompt = sum(item.num_new_tokens for item in batch if item.num_new_tokens > 1)
+        if prompt >= self.prefill_tokens:
+            return self.prefill
+        return self.prefill if self._spread_decode() else self.decode
+
+    def _spread_decode(self) -> bool:
+        if self.load is None:
+            return False
+        others = self.load.update()
+        was = self.spread
+        if others is None or others > GATHER_ABOVE:
+            self.spread = False
+        elif others < SPREAD_BELOW:
+            self.spread = True
+        if self.spread != was:
+            log.debug("decode steps on %d threads (the rest of the machine: %.2f cores)",
+                      self.prefill if self.spread else self.decode, others or 0.0)
+        return self.spread
