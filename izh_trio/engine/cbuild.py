@@ -65,7 +65,8 @@ def build(name: str, source: str, extra_flags: Sequence[str] = (), label: str | 
                 with tempfile.TemporaryDirectory(dir=directory) as tmp:
                     src, so = Path(tmp) / f"{name}.c", Path(tmp) / f"{name}.so"
                     src.write_text(source)
-                    done = subprocess.run([cc, *flags, str(src), "-o", str(so), "-lm"],
+                    # absolute: a source may include itself (__FILE__)
+                    done = subprocess.run([cc, *flags, str(src.resolve()), "-o", str(so), "-lm"],
                                           capture_output=True, text=True)
                     if done.returncode != 0:
                         log.warning("%s did not compile; using torch's: %s", label,

@@ -1,4 +1,4 @@
-"""Paged decode attention for fp32 on CPU, reading K/V in place from the paged cache.
+"""Paged decode attention on CPU, reading K/V in place from the paged cache (fp32 or bf16).
 
 The torch path gathers every decoding sequence's K/V out of the cache in every layer, then
 runs SDPA on the copy: at 256 sequences that copy is most of a step (memory-bound). This C
@@ -12,7 +12,9 @@ anywhere in the cache, so the hardware prefetchers cannot guess them); elsewhere
 steps are plain loops for the compiler. One thread on purpose: the engine runs torch on one
 and leaves the other cores to serving. The C source is ``csrc/cpu_attention.c``, compiled once
 per machine with the system C compiler (``cbuild``: cached, under a lock); with no compiler, or
-for other dtypes, the engine keeps torch's path.
+for other dtypes, the engine keeps torch's path. A bf16 cache is widened to fp32 as it is
+loaded (a shift: bf16 is the upper half of an fp32), and everything after it is fp32: half the
+bytes to read, the same arithmetic.
 """
 
 from __future__ import annotations
@@ -26,8 +28,12 @@ from izh_trio.engine import cbuild
 #: ``csrc/cpu_attention.c``, built on the first ``available()``.
 _KERNEL = cbuild.Kernel(
     "cpu_attention", label="CPU attention kernel", switch="IZH_CPU_ATTENTION",
-    signatures={"paged_decode": (None, [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6
-                                 + [ctypes.c_float])})
+    signatures=dict.fromkeys(("paged_decode", "paged_decode_bf16"),
+                             (None, [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6
+                              + [ctypes.c_float])))
+
+#: The cache dtypes the kernel reads.
+DTYPES = (torch.float32, torch.bfloat16)
 
 
 def available() -> bool:
@@ -39,15 +45,19 @@ def available() -> bool:
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  tables: torch.Tensor, context_lens: torch.Tensor, scale: float
                  ) -> torch.Tensor:
-    """q: [B, H_q, D] fp32; caches [NB, BS, H_kv, D]; tables [B, W] and lens [B] int64."""
-    assert available() and q.dtype == k_cache.dtype == torch.float32
+    """q: [B, H_q, D]; caches [NB, BS, H_kv, D] fp32 or bf16; tables [B, W] and lens [B]
+    int64. The result is in q's dtype (the kernel's q and output are fp32)."""
+    assert available() and k_cache.dtype == v_cache.dtype and k_cache.dtype in DTYPES
     assert tables.dtype == context_lens.dtype == torch.int64 and q.shape[1] % k_cache.shape[2] == 0
-    q = q.contiguous()
+    assert k_cache.is_contiguous() and v_cache.is_contiguous()
+    dtype = q.dtype
+    q = q.contiguous().float()
     tables, context_lens = tables.contiguous(), context_lens.contiguous()
     out = torch.empty_like(q)
     b, h_q, d = q.shape
     _, bs, h_kv, _ = k_cache.shape
-    _KERNEL.lib.paged_decode(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-                             tables.data_ptr(), context_lens.data_ptr(), out.data_ptr(), b,
-                             h_q, h_kv, d, bs, tables.shape[1], scale)
-    return out
+    kernel = (_KERNEL.lib.paged_decode if k_cache.dtype == torch.float32
+              else _KERNEL.lib.paged_decode_bf16)
+    kernel(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
+           context_lens.data_ptr(), out.data_ptr(), b, h_q, h_kv, d, bs, tables.shape[1], scale)
+    return out.to(dtype)

@@ -24,16 +24,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from izh_trio.engine.loader import cpu_has_native_bf16
+
 log = logging.getLogger(__name__)
 
 
 def _packable_dtypes() -> tuple[torch.dtype, ...]:
     """fp32 always; bf16 only where oneDNN has native bf16 kernels (else it emulates them)."""
-    try:
-        native_bf16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (RuntimeError, AttributeError):
-        native_bf16 = False
-    return (torch.float32, torch.bfloat16) if native_bf16 else (torch.float32,)
+    return (torch.float32, torch.bfloat16) if cpu_has_native_bf16() else (torch.float32,)
 
 
 #: Up to this many bytes of plain linear weights, a plain copy is kept for one-row calls.

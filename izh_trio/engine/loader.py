@@ -98,8 +98,28 @@ def _eos_ids(model_dir: Path, config: dict[str, Any]) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def resolve_dtype(name: str, checkpoint: torch.dtype) -> torch.dtype:
-    return checkpoint if name == "auto" else _DTYPES[name]
+def resolve_dtype(name: str, checkpoint: torch.dtype, device: torch.device,
+                  native_bf16: bool | None = None) -> torch.dtype:
+    """The dtype to run in: ``name``, or for ``auto`` the checkpoint's, except on a CPU a
+    half-precision checkpoint runs in bf16 where the CPU multiplies bf16 natively (AVX512-BF16,
+    AMX: ``native_bf16``, asked of oneDNN when not given) and in fp32 where it would only
+    emulate it; an fp16 one runs in bf16 there too (fp16's range is within bf16's, and CPUs
+    with native fp16 matrix units are rare). An fp32 checkpoint stays fp32: it asked for it."""
+    if name != "auto":
+        return _DTYPES[name]
+    if device.type != "cpu" or checkpoint == torch.float32:
+        return checkpoint
+    if native_bf16 is None:
+        native_bf16 = cpu_has_native_bf16()
+    return torch.bfloat16 if native_bf16 else torch.float32
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether oneDNN runs bf16 matrix products in hardware on this CPU."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (RuntimeError, AttributeError):
+        return False
 
 
 def iter_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:

@@ -52,7 +52,7 @@ class ModelRunner:
         self.device = torch.device(config.device)
         if self.device.type == "cuda" and self.device.index is not None:
             torch.cuda.set_device(self.device)  # triton launches on the current device
-        self.dtype = resolve_dtype(config.dtype, cfg.dtype)
+        self.dtype = resolve_dtype(config.dtype, cfg.dtype, self.device)
         self.block_size = config.block_size
         self.attention = get_backend(config.attention_backend, self.device, self.dtype)
         wanted_len = config.max_model_len or cfg.max_position_embeddings

@@ -71,7 +71,9 @@ class Settings:
         None, "KV-cache blocks (default: sized from --kv-cache-gib on CPU, from "
         "--gpu-memory-utilization on CUDA)", validator=v.optional(v.ge(1)))
     kv_cache_gib: float = setting(1.0, "KV-cache size in GiB on CPU", validator=v.gt(0))
-    dtype: str = setting("auto", "the model's dtype (auto: the checkpoint's)", choices=DTYPES)
+    dtype: str = setting(
+        "auto", "the model's dtype (auto: the checkpoint's; on CPU a bf16 or fp16 one runs in "
+        "bf16 where the CPU has native bf16, else fp32)", choices=DTYPES)
     device: str = setting("cpu", "cpu, cuda or cuda:N")
     attention_backend: str = setting(
         "auto", "auto: triton kernels on CUDA, the torch path on CPU", choices=ATTENTION_BACKENDS)

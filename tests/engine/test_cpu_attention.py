@@ -97,8 +97,9 @@ def _portable_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
                                  input="", capture_output=True, text=True, check=True).stdout
         assert "__AVX512F__" not in defines
         lib = ctypes.CDLL(str(Path(so)))
-        lib.paged_decode.restype = None
-        lib.paged_decode.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float]
+        for kernel in (lib.paged_decode, lib.paged_decode_bf16):
+            kernel.restype = None
+            kernel.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float]
         _PORTABLE.append(lib)
     return _PORTABLE[0]
 
@@ -115,6 +116,25 @@ def test_matches_reference(kernel_path: str, block_size: int, h_q: int, h_kv: in
                                               block_size, h_q, h_kv, head_dim,
                                               _lens(block_size), q_scale=4.0)  # peaky
     _check(q, k_cache, v_cache, tables, lens, head_dim**-0.5)
+
+
+@pytest.mark.parametrize(("block_size", "h_q", "h_kv", "head_dim"),
+                         [(16, 16, 8, 128), (16, 4, 2, 64), (8, 6, 3, 80), (32, 24, 1, 48),
+                          (5, 32, 8, 128), (1, 8, 2, 64)])
+def test_a_bf16_cache_is_read_as_its_exact_fp32_values(kernel_path: str, block_size: int,
+                                                      h_q: int, h_kv: int,
+                                                      head_dim: int) -> None:
+    """A bf16 cache (a bf16 model's) is widened exactly: against the reference on the same
+    bf16 values, the fp32 tolerance holds; the answer is in q's dtype."""
+    q, k_cache, v_cache, tables, lens = _case(block_size * 7 + h_q + head_dim, block_size, h_q,
+                                              h_kv, head_dim, _lens(block_size), q_scale=4.0)
+    k_cache, v_cache = k_cache.bfloat16(), v_cache.bfloat16()
+    _check(q, k_cache, v_cache, tables, lens, head_dim**-0.5)
+    got = cpu_attention.paged_decode(q.bfloat16(), k_cache, v_cache, tables, lens,
+                                     head_dim**-0.5)
+    want = _reference(q.bfloat16(), k_cache, v_cache, tables, lens, head_dim**-0.5)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.double(), want, atol=1e-2, rtol=1e-2)
 
 
 @pytest.mark.parametrize("block_size", [1, 4, 5, 16])

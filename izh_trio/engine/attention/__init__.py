@@ -3,7 +3,7 @@
 * ``base.py``: the step as the model runner describes it (``StepAttention``), the backend
   protocol and the per-step metadata protocol every layer calls;
 * ``torch_sdpa.py``: plain torch (SDPA), anywhere, and the reference the others match;
-* ``cpu_kernel.py``: fp32 on CPU, the compiled kernel reading K/V in place;
+* ``cpu_kernel.py``: fp32 and bf16 on CPU, the compiled kernel reading K/V in place;
 * ``triton.py``: the Triton kernels of ``izh_trio.kernels`` (imported only when chosen).
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from izh_trio.engine import cpu_attention
 from izh_trio.engine.attention import cpu_kernel
 from izh_trio.engine.attention.base import (
     AttentionBackend,
@@ -37,6 +38,6 @@ def get_backend(name: str, device: torch.device, dtype: torch.dtype) -> Attentio
         from izh_trio.engine.attention.triton import TRITON_BACKEND  # imports triton itself
 
         return TRITON_BACKEND
-    if device.type == "cpu" and dtype == torch.float32 and cpu_kernel.available():
+    if device.type == "cpu" and dtype in cpu_attention.DTYPES and cpu_kernel.available():
         return cpu_kernel.CPU_KERNEL_BACKEND
     return TORCH_BACKEND

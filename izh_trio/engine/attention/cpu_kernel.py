@@ -1,4 +1,4 @@
-"""Paged attention in fp32 on CPU through the compiled kernel (``cpu_attention.py``), which
+"""Paged attention in fp32 or bf16 on CPU through the compiled kernel (``cpu_attention.py``), which
 reads K/V in place from the cache instead of gathering a copy of it in every layer.
 
 The kernel takes the decodes and the short prefill chunks in one call a layer: a chunk's query

@@ -1,25 +1,30 @@
-/* Paged decode attention for fp32 on CPU, reading K/V in place: paged_decode.
-   Built and called by cpu_attention.py (its docstring tells the design). */
+/* Paged decode attention on CPU, reading K/V in place: paged_decode (an fp32 cache) and
+   paged_decode_bf16 (a bf16 one; q, scores, sums and out stay fp32). Built and called by
+   cpu_attention.py (its docstring tells the design). The kernel proper is written once, at
+   the end of this file, which includes itself once per cache element type (KV_T). */
+#ifndef KV_T
 #include <math.h>
 #include <stdint.h>
-#ifdef __AVX512F__
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define AVX512 1
 #include <immintrin.h>
 #endif
 #define INLINE static inline __attribute__((always_inline))
 #define LANES(k) ((k) >= 16 ? 0xFFFF : (1u << (k)) - 1)  /* the first k of 16 lanes */
 
 /* q, out: [B, HQ, D]; kc, vc: [NB, BS, HKV, D]; tables: [B, W]; ctx: [B]. A block of a
-   cache is contiguous (BS * HKV * D floats). Steps (*b, *blk) to the next block this call
+   cache is contiguous (BS * HKV * D elements). Steps (*b, *blk) to the next block this call
    reads; returns where it starts and sets *bytes to what it holds (0: past the last one). */
 static int64_t advance(int64_t *b, int64_t *blk, const int64_t *tables, const int64_t *ctx,
-                       int64_t B, int64_t W, int64_t BS, int64_t row, int64_t *bytes) {
+                       int64_t B, int64_t W, int64_t BS, int64_t row, int64_t esize,
+                       int64_t *bytes) {
     *bytes = 0;
     if (*b >= B) return 0;
     if (++*blk * BS >= ctx[*b]) {
         *blk = 0;
         do { if (++*b >= B) return 0; } while (ctx[*b] <= 0);
     }
-    *bytes = (ctx[*b] - *blk * BS < BS ? ctx[*b] - *blk * BS : BS) * row * 4;
+    *bytes = (ctx[*b] - *blk * BS < BS ? ctx[*b] - *blk * BS : BS) * row * esize;
     return tables[*b * W + *blk] * BS * row;
 }
 
@@ -30,12 +35,12 @@ INLINE void warm(const char *pk, const char *pv, int64_t from, int64_t to, int64
     }
 }
 
-/* Per block, three steps on HN query heads, G of them to a KV head (rows of qs and acc are
-   NC * 16 floats, zero-padded past D; p holds bsr scores a head): scores, then for each
-   head an online-softmax step that turns them into weights and returns the old weights'
-   scale, then acc = acc * keep + weights @ V while the next block is warmed, `step` bytes
-   a row. Head h of the pass reads K and V at off[h] in a row. */
-#ifdef __AVX512F__
+INLINE float bf16_f32(uint16_t x) {  /* a bf16 is the upper half of an fp32's bits */
+    union { uint32_t u; float f; } v = {.u = (uint32_t)x << 16};
+    return v.f;
+}
+
+#ifdef AVX512
 #define SET1 _mm512_set1_ps
 #define ZERO _mm512_setzero_ps()
 #define MASK(c) ((c) < NC - 1 ? 0xFFFF : tail)  /* vector c of a row of D floats */
@@ -53,14 +58,6 @@ INLINE __m512 exp16(__m512 x) {  /* 2^n e^r, |r| <= ln2 / 2, degree-7 Taylor: ~1
     return _mm512_scalef_ps(p, n);
 }
 
-INLINE __m512 dot(const float *k, const float *q, int NC, __mmask16 tail) {
-    __m512 a = _mm512_mul_ps(_mm512_load_ps(q), _mm512_maskz_loadu_ps(MASK(0), k));
-    for (int c = 1; c < NC; c++)
-        a = _mm512_fmadd_ps(_mm512_load_ps(q + 16 * c),
-                            _mm512_maskz_loadu_ps(MASK(c), k + 16 * c), a);
-    return a;
-}
-
 /* A transpose-and-add tree turns 16 tokens' lane-wise products into their 16 scores: fold2
    leaves lanes alternating a, b; fold4 a, b, c, d in each 128 bits; two fold_lanes of four
    fold4s give the sums in order: 3 shuffles and adds a token, not 8 dependent ones. */
@@ -74,30 +71,6 @@ INLINE __m512 fold4(__m512 a, __m512 b) {
 }
 INLINE __m512 fold_lanes(__m512 a, __m512 b) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD));
-}
-
-INLINE void scores(const float *k, int64_t stride, int64_t n, const float *qs, float *p,
-                   int64_t bsr, const int HN, const int NC, int64_t D, const int64_t *off) {
-    TAIL;
-    for (int h0 = 0; h0 < HN; h0 += 8) {
-        const int hn = HN - h0 < 8 ? HN - h0 : 8;
-        const float *qh = qs + h0 * NC * 16;
-        for (int64_t j0 = 0; j0 < n; j0 += 16) {
-            __m512 u[8][4], t[8][2];
-            for (int i = 0; i < 8; i++) {
-                const int64_t j = j0 + 2 * i;
-                for (int h = 0; h < hn; h++) {
-                    const float *kh = k + j * stride + off[h0 + h], *qhh = qh + h * NC * 16;
-                    t[h][i & 1] = fold2(j < n ? dot(kh, qhh, NC, tail) : ZERO,
-                                        j + 1 < n ? dot(kh + stride, qhh, NC, tail) : ZERO);
-                }
-                for (int h = 0; i & 1 && h < hn; h++) u[h][i / 2] = fold4(t[h][0], t[h][1]);
-            }
-            for (int h = 0; h < hn; h++)
-                _mm512_store_ps(p + (h0 + h) * bsr + j0, fold_lanes(fold_lanes(u[h][0], u[h][1]),
-                                                                    fold_lanes(u[h][2], u[h][3])));
-        }
-    }
 }
 
 INLINE float softmax(float *p, int64_t n, float *m, float *l) {
@@ -116,7 +89,82 @@ INLINE float softmax(float *p, int64_t n, float *m, float *l) {
     return keep;
 }
 
-INLINE void accumulate(const float *v, int64_t stride, int64_t n, const float *p, int64_t bsr,
+#else
+INLINE float softmax(float *p, int64_t n, float *m, float *l) {
+    float mx = *m, sum = 0.0f;
+    for (int64_t j = 0; j < n; j++) mx = fmaxf(mx, p[j]);
+    for (int64_t j = 0; j < n; j++) sum += p[j] = expf(p[j] - mx);
+    const float keep = expf(*m - mx);
+    *l = *l * keep + sum, *m = mx;
+    return keep;
+}
+
+#endif
+
+/* The kernel, once per cache element type: fp32, and bf16 (widened to fp32 on load). */
+#define KV_T float
+#define KV_F32(x) (x)
+#define KV_LOAD(m, p) _mm512_maskz_loadu_ps(m, p)
+#define KV_NAME(f) f
+#include __FILE__  /* this file again (cbuild compiles it by its absolute path) */
+#undef KV_T
+#undef KV_F32
+#undef KV_LOAD
+#undef KV_NAME
+#define KV_T uint16_t
+#define KV_F32(x) bf16_f32(x)
+#define KV_LOAD(m, p) _mm512_castsi512_ps( \
+    _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16))
+#define KV_NAME(f) f##_bf16
+#include __FILE__  /* this file again (cbuild compiles it by its absolute path) */
+
+#else  /* KV_T: the kernel for one element type */
+#define dot KV_NAME(dot)
+#define scores KV_NAME(scores)
+#define accumulate KV_NAME(accumulate)
+#define decode KV_NAME(decode)
+#define paged_decode KV_NAME(paged_decode)
+
+/* Per block, three steps on HN query heads, G of them to a KV head (rows of qs and acc are
+   NC * 16 floats, zero-padded past D; p holds bsr scores a head): scores, then for each
+   head an online-softmax step that turns them into weights and returns the old weights'
+   scale, then acc = acc * keep + weights @ V while the next block is warmed, `step` bytes
+   a row. Head h of the pass reads K and V at off[h] in a row. */
+#ifdef AVX512
+INLINE __m512 dot(const KV_T *k, const float *q, int NC, __mmask16 tail) {
+    __m512 a = _mm512_mul_ps(_mm512_load_ps(q), KV_LOAD(MASK(0), k));
+    for (int c = 1; c < NC; c++)
+        a = _mm512_fmadd_ps(_mm512_load_ps(q + 16 * c),
+                            KV_LOAD(MASK(c), k + 16 * c), a);
+    return a;
+}
+
+INLINE void scores(const KV_T *k, int64_t stride, int64_t n, const float *qs, float *p,
+                   int64_t bsr, const int HN, const int NC, int64_t D, const int64_t *off) {
+    TAIL;
+    for (int h0 = 0; h0 < HN; h0 += 8) {
+        const int hn = HN - h0 < 8 ? HN - h0 : 8;
+        const float *qh = qs + h0 * NC * 16;
+        for (int64_t j0 = 0; j0 < n; j0 += 16) {
+            __m512 u[8][4], t[8][2];
+            for (int i = 0; i < 8; i++) {
+                const int64_t j = j0 + 2 * i;
+                for (int h = 0; h < hn; h++) {
+                    const KV_T *kh = k + j * stride + off[h0 + h];
+                    const float *qhh = qh + h * NC * 16;
+                    t[h][i & 1] = fold2(j < n ? dot(kh, qhh, NC, tail) : ZERO,
+                                        j + 1 < n ? dot(kh + stride, qhh, NC, tail) : ZERO);
+                }
+                for (int h = 0; i & 1 && h < hn; h++) u[h][i / 2] = fold4(t[h][0], t[h][1]);
+            }
+            for (int h = 0; h < hn; h++)
+                _mm512_store_ps(p + (h0 + h) * bsr + j0, fold_lanes(fold_lanes(u[h][0], u[h][1]),
+                                                                    fold_lanes(u[h][2], u[h][3])));
+        }
+    }
+}
+
+INLINE void accumulate(const KV_T *v, int64_t stride, int64_t n, const float *p, int64_t bsr,
                        const float *keep, float *acc, const char *pk, const char *pv,
                        int64_t plen, int64_t step, const int HN, const int NC, int64_t D,
                        const int64_t *off) {
@@ -136,36 +184,27 @@ INLINE void accumulate(const float *v, int64_t stride, int64_t n, const float *p
                 if (h0 + c0 == 0) warm(pk, pv, j * step, (j + 1) * step, plen);
                 TILE {
                     if (h == h0 || off[h] != off[h - 1])
-                        x = _mm512_maskz_loadu_ps(MASK(c), v + j * stride + off[h] + 16 * c);
+                        x = KV_LOAD(MASK(c), v + j * stride + off[h] + 16 * c);
                     A = _mm512_fmadd_ps(SET1(p[h * bsr + j]), x, A);
                 }
             }
             TILE _mm512_store_ps(acc + (h * NC + c) * 16, A);
         }
 }
-#else  /* portable: what the compiler makes of plain loops, and libm's expf */
-INLINE void scores(const float *k, int64_t stride, int64_t n, const float *qs, float *p,
+#else  /* portable: what the compiler makes of plain loops */
+INLINE void scores(const KV_T *k, int64_t stride, int64_t n, const float *qs, float *p,
                    int64_t bsr, const int HN, const int NC, int64_t D, const int64_t *off) {
     for (int64_t j = 0; j < n; j++)
         for (int h = 0; h < HN; h++) {
-            const float *kh = k + j * stride + off[h];
-            float dot = 0.0f;
-            #pragma omp simd reduction(+:dot)
-            for (int64_t d = 0; d < D; d++) dot += qs[h * NC * 16 + d] * kh[d];
-            p[h * bsr + j] = dot;
+            const KV_T *kh = k + j * stride + off[h];
+            float s = 0.0f;
+            #pragma omp simd reduction(+:s)
+            for (int64_t d = 0; d < D; d++) s += qs[h * NC * 16 + d] * KV_F32(kh[d]);
+            p[h * bsr + j] = s;
         }
 }
 
-INLINE float softmax(float *p, int64_t n, float *m, float *l) {
-    float mx = *m, sum = 0.0f;
-    for (int64_t j = 0; j < n; j++) mx = fmaxf(mx, p[j]);
-    for (int64_t j = 0; j < n; j++) sum += p[j] = expf(p[j] - mx);
-    const float keep = expf(*m - mx);
-    *l = *l * keep + sum, *m = mx;
-    return keep;
-}
-
-INLINE void accumulate(const float *v, int64_t stride, int64_t n, const float *p, int64_t bsr,
+INLINE void accumulate(const KV_T *v, int64_t stride, int64_t n, const float *p, int64_t bsr,
                        const float *keep, float *acc, const char *pk, const char *pv,
                        int64_t plen, int64_t step, const int HN, const int NC, int64_t D,
                        const int64_t *off) {
@@ -175,15 +214,16 @@ INLINE void accumulate(const float *v, int64_t stride, int64_t n, const float *p
         warm(pk, pv, j * step, (j + 1) * step, plen);
         for (int h = 0; h < HN; h++) {
             float *a = acc + h * NC * 16, w = p[h * bsr + j];
-            const float *x = v + j * stride + off[h];
+            const KV_T *x = v + j * stride + off[h];
             #pragma omp simd
-            for (int64_t d = 0; d < D; d++) a[d] += w * x[d];
+            for (int64_t d = 0; d < D; d++) a[d] += w * KV_F32(x[d]);
         }
     }
 }
 #endif
 
-INLINE void decode(const float *q, const float *kc, const float *vc, const int64_t *tables,
+
+INLINE void decode(const float *q, const KV_T *kc, const KV_T *vc, const int64_t *tables,
                    const int64_t *ctx, float *out, int64_t B, int64_t HQ, int64_t HKV,
                    int64_t D, int64_t BS, int64_t W, float scale, const int HN, const int G,
                    const int NC) {
@@ -197,7 +237,7 @@ INLINE void decode(const float *q, const float *kc, const float *vc, const int64
     /* The next block goes to L2 a few lines per V row of this one: issued all at once at the
        start of a block, the same prefetches did not help (measured on Zen 4). */
     int64_t pb = 0, pblk = -1, bytes;
-    advance(&pb, &pblk, tables, ctx, B, W, BS, row, &bytes);  /* the first block read */
+    advance(&pb, &pblk, tables, ctx, B, W, BS, row, sizeof(KV_T), &bytes);  /* the first */
     for (int64_t b = 0; b < B; b++) {
         for (int64_t h = 0; h < HQ; h++) {
             m[h] = -INFINITY, l[h] = 0.0f;
@@ -209,7 +249,8 @@ INLINE void decode(const float *q, const float *kc, const float *vc, const int64
         for (int64_t blk = 0; blk * BS < ctx[b]; blk++) {
             const int64_t n = ctx[b] - blk * BS < BS ? ctx[b] - blk * BS : BS;
             const int64_t base = tables[b * W + blk] * BS * row;
-            const int64_t at = advance(&pb, &pblk, tables, ctx, B, W, BS, row, &bytes);
+            const int64_t at = advance(&pb, &pblk, tables, ctx, B, W, BS, row, sizeof(KV_T),
+                                     &bytes);
             const int64_t step = ((bytes + 63) / 64 + HQ / HN * n - 1) / (HQ / HN * n) * 64;
             for (int64_t h0 = 0, o = 0; h0 < HQ; h0 += HN, o += n * step) {
                 const int64_t kv = h0 / G * D;
@@ -228,7 +269,7 @@ INLINE void decode(const float *q, const float *kc, const float *vc, const int64
     }
 }
 
-void paged_decode(const float *q, const float *kc, const float *vc, const int64_t *tables,
+void paged_decode(const float *q, const KV_T *kc, const KV_T *vc, const int64_t *tables,
                   const int64_t *ctx, float *out, int64_t B, int64_t HQ, int64_t HKV,
                   int64_t D, int64_t BS, int64_t W, float scale) {
     /* Query heads go in passes of HN = T * G, the heads of T consecutive KV heads, so that
@@ -246,3 +287,9 @@ void paged_decode(const float *q, const float *kc, const float *vc, const int64_
     CASE(4, 4) CASE(2, 8)
     else decode(q, kc, vc, tables, ctx, out, B, HQ, HKV, D, BS, W, scale, T * G, G, NC);
 }
+#undef dot
+#undef scores
+#undef accumulate
+#undef decode
+#undef paged_decode
+#endif  /* KV_T */
