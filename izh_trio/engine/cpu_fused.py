@@ -1,4 +1,4 @@
-"""A decoder layer's elementwise ops in fp32 on CPU, fused into three compiled C loops.
+"""A decoder layer's elementwise ops in fp32 or bf16 on CPU, fused into three compiled C loops.
 
 Between its GEMMs, a Qwen3 layer runs some sixty small torch ops: RMSNorm is six (square,
 mean, add, rsqrt, multiply, multiply), RoPE six more for q and again for k, two
@@ -15,31 +15,39 @@ each group below is one C call, one pass over its rows (measure with
 The arithmetic is torch's, rounding for rounding (``-ffp-contract=off``: no FMA where torch
 rounds a product; the mean is the sum over ``n``, then ``1 / sqrt(mean + eps)``, ``x * r``,
 then ``weight * that``), so only the order of the sum of squares differs: fp32 logits agree
-with Hugging Face's as before. Plain loops that the compiler vectorises; one thread, as the
-engine runs torch. The C source is ``csrc/cpu_fused.c``, built once per machine (``cbuild``).
+with Hugging Face's as before. In bf16 the arithmetic is fp32 too, and every value torch's
+bf16 ops would round (the normed row before the weight's product, each RoPE product and sum,
+the residual add) is rounded to bf16 at the same point. Plain loops that the compiler
+vectorises; one thread, as the engine runs torch. The C source is ``csrc/cpu_fused.c``,
+built once per machine (``cbuild``).
 These functions only run kernels: the torch ops they replace live in one place, the model
-(``models/``), whose CPU twins call them instead, swapped in once at load (fp32 on CPU, the
-library built, not ``IZH_CPU_FUSED=0``: ``CausalLM.use_cpu_twins``).
+(``models/``), whose CPU twins call them instead, swapped in once at load (fp32 or bf16 on
+CPU, the library built, not ``IZH_CPU_FUSED=0``: ``CausalLM.use_cpu_twins``).
 """
 
 from __future__ import annotations
 
 import ctypes
+from typing import Any
 
 import torch
 
 from izh_trio.engine import cbuild
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+_SIGNATURES = {"qk_norm_rope_store": (_I, [_P, _P, _P, _F, _P, _P, _P, _P, _P, _P, _P]
+                                      + [_I] * 5),
+               "add_rms_norm": (None, [_P, _P, _P, _F, _P, _P, _I, _I]),
+               "rms_norm": (None, [_P, _P, _F, _P, _I, _I])}
 #: ``csrc/cpu_fused.c``, built on the first ``available()``; every product rounded as torch
-#: rounds it (no FMA contraction).
+#: rounds it (no FMA contraction). Each kernel has an fp32 and a ``_bf16`` entry.
 _KERNEL = cbuild.Kernel(
     "cpu_fused", label="CPU fused kernels", switch="IZH_CPU_FUSED",
-    signatures={"qk_norm_rope_store": (_I, [_P, _P, _P, _F, _P, _P, _P, _P, _P, _P, _P]
-                                       + [_I] * 5),
-                "add_rms_norm": (None, [_P, _P, _P, _F, _P, _P, _I, _I]),
-                "rms_norm": (None, [_P, _P, _F, _P, _I, _I])},
+    signatures={**_SIGNATURES, **{f"{name}_bf16": sig for name, sig in _SIGNATURES.items()}},
     extra_flags=("-ffp-contract=off",))
+
+#: The dtypes the kernels take.
+DTYPES = (torch.float32, torch.bfloat16)
 
 
 def available() -> bool:
@@ -48,19 +56,20 @@ def available() -> bool:
     return _KERNEL.available()
 
 
-def _check(x: torch.Tensor) -> None:
-    """The kernels take ``x``: fp32 on CPU, with the library built (the call's other tensors
-    are checked by each wrapper)."""
-    assert x.dtype == torch.float32 and x.is_cpu and available(), "not a tensor for the kernels"
+def _kernel(name: str, x: torch.Tensor, *others: torch.Tensor) -> Any:
+    """The kernel ``name`` for ``x``'s dtype, which the call's other tensors share, on CPU
+    with the library built."""
+    assert x.dtype in DTYPES and x.is_cpu and available(), "not a tensor for the kernels"
+    assert all(t.dtype == x.dtype and t.is_contiguous() for t in (x, *others))
+    return getattr(_KERNEL.lib, name if x.dtype == torch.float32 else f"{name}_bf16")
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dim of ``x`` [..., N], as ``models.layers.RMSNorm``."""
-    _check(x)
-    assert x.is_contiguous() and weight.is_contiguous() and weight.dtype == torch.float32
+    kernel = _kernel("rms_norm", x, weight)
     out = torch.empty_like(x)
     n = x.shape[-1]
-    _KERNEL.lib.rms_norm(x.data_ptr(), weight.data_ptr(), eps, out.data_ptr(), x.numel() // n, n)
+    kernel(x.data_ptr(), weight.data_ptr(), eps, out.data_ptr(), x.numel() // n, n)
     return out
 
 
@@ -68,13 +77,12 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """``h = residual + x`` and ``rms_norm(h)``, both [..., N]: a layer's residual add and the
     norm after it, in one pass."""
-    _check(x)
-    assert x.is_contiguous() and residual.is_contiguous() and weight.is_contiguous()
-    assert x.shape == residual.shape and residual.dtype == weight.dtype == torch.float32
+    kernel = _kernel("add_rms_norm", x, residual, weight)
+    assert x.shape == residual.shape
     h, out = torch.empty_like(x), torch.empty_like(x)
     n = x.shape[-1]
-    _KERNEL.lib.add_rms_norm(x.data_ptr(), residual.data_ptr(), weight.data_ptr(), eps,
-                             h.data_ptr(), out.data_ptr(), x.numel() // n, n)
+    kernel(x.data_ptr(), residual.data_ptr(), weight.data_ptr(), eps, h.data_ptr(),
+           out.data_ptr(), x.numel() // n, n)
     return h, out
 
 
@@ -84,31 +92,26 @@ def qk_norm_rope_store(
     k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """From ``qkv`` [T, (H_q + 2 H_kv) D]: q and k normed per head and rotated (cos, sin:
-    [T, 1, D], each token's position), k and v stored in the paged caches ([blocks,
-    block_size, H_kv, D]) at ``slot_mapping`` [T] int64. Returns q [T, H_q, D] and k, v
-    [T, H_kv, D] (v a view of ``qkv``), for attention over the fresh tokens. Every slot must
-    be a slot of the cache: the torch backend's ``index_copy_`` demands it too (only CUDA
-    graphs pad with -1, and they run the triton backend)."""
+    [T, 1, D], each token's position, in qkv's dtype), k and v stored in the paged caches
+    ([blocks, block_size, H_kv, D]) at ``slot_mapping`` [T] int64. Returns q [T, H_q, D] and
+    k, v [T, H_kv, D] (v a view of ``qkv``), for attention over the fresh tokens. Every slot
+    must be a slot of the cache: the torch backend's ``index_copy_`` demands it too (only
+    CUDA graphs pad with -1, and they run the triton backend)."""
     t, d = qkv.shape[0], q_norm.shape[0]
-    _check(qkv)
+    kernel = _kernel("qk_norm_rope_store", qkv, q_norm, k_norm, cos, sin, k_cache, v_cache)
     row = (num_heads + 2 * num_kv_heads) * d
     slots = k_cache.shape[0] * k_cache.shape[1]
-    assert qkv.is_contiguous() and qkv.shape == (t, row) and slot_mapping.shape == (t,)
-    assert cos.is_contiguous() and sin.is_contiguous() and cos.shape == sin.shape == (t, 1, d)
-    assert k_cache.is_contiguous() and v_cache.is_contiguous() and slot_mapping.is_contiguous()
+    assert qkv.shape == (t, row) and slot_mapping.shape == (t,)
+    assert cos.shape == sin.shape == (t, 1, d)
     assert k_cache.shape == v_cache.shape and k_cache.shape[2:] == (num_kv_heads, d)
-    assert q_norm.is_contiguous() and k_norm.is_contiguous() and slot_mapping.dtype == torch.int64
-    assert q_norm.dtype == k_norm.dtype == cos.dtype == sin.dtype == k_cache.dtype \
-        == v_cache.dtype == torch.float32
-    q = torch.empty(t, num_heads, d, dtype=torch.float32)
-    k = torch.empty(t, num_kv_heads, d, dtype=torch.float32)
-    bad = _KERNEL.lib.qk_norm_rope_store(
-        qkv.data_ptr(), q_norm.data_ptr(), k_norm.data_ptr(), eps, cos.data_ptr(),
-        sin.data_ptr(), slot_mapping.data_ptr(), q.data_ptr(), k.data_ptr(),
-        k_cache.data_ptr(), v_cache.data_ptr(), t, num_heads, num_kv_heads, d, slots)
+    assert slot_mapping.is_contiguous() and slot_mapping.dtype == torch.int64
+    q = torch.empty(t, num_heads, d, dtype=qkv.dtype)
+    k = torch.empty(t, num_kv_heads, d, dtype=qkv.dtype)
+    bad = kernel(qkv.data_ptr(), q_norm.data_ptr(), k_norm.data_ptr(), eps, cos.data_ptr(),
+                 sin.data_ptr(), slot_mapping.data_ptr(), q.data_ptr(), k.data_ptr(),
+                 k_cache.data_ptr(), v_cache.data_ptr(), t, num_heads, num_kv_heads, d, slots)
     if bad:
         raise IndexError(f"{bad} of {t} KV slots outside the cache's {slots}")
     v = qkv.as_strided((t, num_kv_heads, d), (row, d, 1),
                        qkv.storage_offset() + (num_heads + num_kv_heads) * d)
     return q, k, v
-

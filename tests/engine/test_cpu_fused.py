@@ -26,49 +26,64 @@ pytestmark = pytest.mark.skipif(not cpu_fused.available(),
 
 RTOL, ATOL = 1e-6, 1e-6  # a few ulp on unit-scale values
 EPS = 1e-6
+#: In bf16 a different sum of squares may round a value to its neighbour (one bf16 ulp, 2^-8
+#: relative); nearly every value must be the very one torch's bf16 ops give.
+BF16_RTOL, BF16_SAME = 2**-7, 0.98
 
 
-def _norm(dim: int, g: torch.Generator) -> RMSNorm:
+@pytest.fixture(params=[torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def dtype(request: pytest.FixtureRequest) -> torch.dtype:
+    return request.param
+
+
+def _norm(dim: int, g: torch.Generator, dtype: torch.dtype = torch.float32) -> RMSNorm:
     norm = RMSNorm(dim, EPS)
     norm.weight.data = torch.randn(dim, generator=g)  # not ones: the weight must be applied
-    return norm
+    return norm.to(dtype)
 
 
 def _close(got: torch.Tensor, want: torch.Tensor) -> None:
-    assert got.dtype == torch.float32 and got.shape == want.shape
-    torch.testing.assert_close(got, want.detach(), rtol=RTOL, atol=ATOL)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    want = want.detach()
+    if got.dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=RTOL, atol=ATOL)
+        return
+    torch.testing.assert_close(got.float(), want.float(), rtol=BF16_RTOL, atol=BF16_RTOL)
+    same = (got == want).float().mean().item()
+    assert same >= BF16_SAME, f"only {same:.1%} of the values are torch's own"
 
 
 @pytest.mark.parametrize("tokens", [1, 3, 32, 257])
 @pytest.mark.parametrize("dim", [256, 100, 1024])
-def test_rms_norm(tokens: int, dim: int) -> None:
+def test_rms_norm(tokens: int, dim: int, dtype: torch.dtype) -> None:
     g = torch.Generator().manual_seed(tokens * dim)
-    norm = _norm(dim, g)
-    x = torch.randn(tokens, dim, generator=g) * 3
+    norm = _norm(dim, g, dtype)
+    x = (torch.randn(tokens, dim, generator=g) * 3).to(dtype)
     _close(cpu_fused.rms_norm(x, norm.weight, EPS), norm(x))
 
 
 @pytest.mark.parametrize("tokens", [1, 3, 32, 257])
 @pytest.mark.parametrize("dim", [256, 100])
-def test_add_rms_norm(tokens: int, dim: int) -> None:
+def test_add_rms_norm(tokens: int, dim: int, dtype: torch.dtype) -> None:
     g = torch.Generator().manual_seed(tokens + dim)
-    norm = _norm(dim, g)
-    x, residual = torch.randn(tokens, dim, generator=g), torch.randn(tokens, dim, generator=g)
+    norm = _norm(dim, g, dtype)
+    x = torch.randn(tokens, dim, generator=g).to(dtype)
+    residual = torch.randn(tokens, dim, generator=g).to(dtype)
     h, normed = cpu_fused.add_rms_norm(x, residual, norm.weight, EPS)
     assert torch.equal(h, residual + x)  # one rounding either way
     _close(normed, norm(residual + x))
 
 
-def _qk_case(tokens: int, h_q: int, h_kv: int, d: int, block_size: int = 16
-             ) -> tuple[torch.Tensor, ...]:
+def _qk_case(tokens: int, h_q: int, h_kv: int, d: int, block_size: int = 16,
+             dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(tokens * 1000 + h_q * 100 + d)
-    qkv = torch.randn(tokens, (h_q + 2 * h_kv) * d, generator=g) * 2
+    qkv = (torch.randn(tokens, (h_q + 2 * h_kv) * d, generator=g) * 2).to(dtype)
     # Positions far apart, so each token's cos/sin row differs.
     positions = torch.randint(0, 8192, (tokens,), generator=g)
-    cos, sin = RotaryEmbedding(d, 1e6, 8192).table(positions, torch.float32)
+    cos, sin = RotaryEmbedding(d, 1e6, 8192).table(positions, dtype)
     blocks = tokens // block_size + 5
-    k_cache = torch.randn(blocks, block_size, h_kv, d, generator=g)
-    v_cache = torch.randn(blocks, block_size, h_kv, d, generator=g)
+    k_cache = torch.randn(blocks, block_size, h_kv, d, generator=g).to(dtype)
+    v_cache = torch.randn(blocks, block_size, h_kv, d, generator=g).to(dtype)
     slots = torch.randperm(blocks * block_size, generator=g)[:tokens]  # anywhere in the cache
     return qkv, cos, sin, k_cache, v_cache, slots
 
@@ -76,12 +91,13 @@ def _qk_case(tokens: int, h_q: int, h_kv: int, d: int, block_size: int = 16
 @pytest.mark.parametrize("tokens", [1, 2, 7, 32, 130])
 @pytest.mark.parametrize(("h_q", "h_kv"), [(4, 2), (8, 2), (2, 2)])
 @pytest.mark.parametrize("d", [64, 128, 32, 80])
-def test_qk_norm_rope_store(tokens: int, h_q: int, h_kv: int, d: int) -> None:
+def test_qk_norm_rope_store(tokens: int, h_q: int, h_kv: int, d: int,
+                            dtype: torch.dtype) -> None:
     """Head dims of 64 and 128 run the kernel's specialised copies, 32 and 80 the general
     one; the untouched slots of the caches must stay as they were."""
-    qkv, cos, sin, k_cache, v_cache, slots = _qk_case(tokens, h_q, h_kv, d)
+    qkv, cos, sin, k_cache, v_cache, slots = _qk_case(tokens, h_q, h_kv, d, dtype=dtype)
     g = torch.Generator().manual_seed(d)
-    q_norm, k_norm = _norm(d, g), _norm(d, g)
+    q_norm, k_norm = _norm(d, g, dtype), _norm(d, g, dtype)
     want_k_cache, want_v_cache = k_cache.clone(), v_cache.clone()
     q_ref, k_ref, v_ref = qkv.split([h_q * d, h_kv * d, h_kv * d], dim=-1)
     q_ref = apply_rope(q_norm(q_ref.view(tokens, h_q, d)), (cos, sin))

@@ -1,15 +1,67 @@
-/* A decoder layer's elementwise ops in fp32 on CPU, rounded as torch rounds them:
-   qk_norm_rope_store, add_rms_norm, rms_norm. Built and called by cpu_fused.py
-   (with -ffp-contract=off). */
+/* A decoder layer's elementwise ops on CPU, rounded as torch rounds them: qk_norm_rope_store,
+   add_rms_norm, rms_norm for fp32 tensors, and the same with a _bf16 suffix for bf16 ones.
+   Built and called by cpu_fused.py (with -ffp-contract=off). The arithmetic is fp32 either
+   way; in bf16, every value torch would round to bf16 (an op's result in the model's dtype)
+   is rounded here at the same point (RB), so only the order of a sum of squares differs.
+   The kernels are written once, at the end of this file, which includes itself once per
+   element type (T). */
+#ifndef T
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 #define INLINE static inline __attribute__((always_inline))
 
-INLINE float sum_sq(const float *restrict x, int64_t n) {
+INLINE float widen_bf16(uint16_t x) {  /* a bf16 is the upper half of an fp32's bits */
+    uint32_t u = (uint32_t)x << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+INLINE uint16_t narrow_bf16(float f) {  /* round to nearest, ties to even, as torch does */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;  /* NaN: torch's one */
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+enum { R = 4 };  /* rows normed together (norm_rows) */
+
+/* fp32 tensors: nothing to round. */
+#define T float
+#define LD(x) (x)
+#define ST(f) (f)
+#define RB(f) (f)
+#define NAME(f) f
+#include __FILE__  /* this file again (cbuild compiles it by its absolute path) */
+#undef T
+#undef LD
+#undef ST
+#undef RB
+#undef NAME
+/* bf16 tensors: widened on load, rounded where torch's bf16 ops round. */
+#define T uint16_t
+#define LD(x) widen_bf16(x)
+#define ST(f) narrow_bf16(f)
+#define RB(f) widen_bf16(narrow_bf16(f))
+#define NAME(f) f##_bf16
+#include __FILE__  /* this file again (cbuild compiles it by its absolute path) */
+
+#else  /* T: the kernels for one element type */
+#define sum_sq NAME(sum_sq)
+#define inv_rms NAME(inv_rms)
+#define scale NAME(scale)
+#define rope NAME(rope)
+#define norm_rows NAME(norm_rows)
+#define qk_rows NAME(qk_rows)
+#define qk_norm_rope_store NAME(qk_norm_rope_store)
+#define add_rms_norm NAME(add_rms_norm)
+#define rms_norm NAME(rms_norm)
+
+INLINE float sum_sq(const T *restrict x, int64_t n) {
     float ss = 0.0f;
     #pragma omp simd reduction(+:ss)
-    for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
+    for (int64_t i = 0; i < n; i++) ss += LD(x[i]) * LD(x[i]);
     return ss;
 }
 
@@ -17,45 +69,52 @@ INLINE float inv_rms(float sum_sq, int64_t n, float eps) {
     return 1.0f / sqrtf(sum_sq / (float)n + eps);
 }
 
-INLINE void scale(const float *restrict x, const float *restrict w, float r, int64_t n,
+/* w * (x * r): the normed row is rounded to the model's dtype before the weight's product,
+   as RMSNorm's ``self.weight * x.to(dtype)``; y, a head before RoPE, holds the product
+   rounded as torch stores it. */
+INLINE void scale(const T *restrict x, const T *restrict w, float r, int64_t n,
                   float *restrict y) {
     #pragma omp simd
-    for (int64_t i = 0; i < n; i++) y[i] = w[i] * (x[i] * r);
+    for (int64_t i = 0; i < n; i++) y[i] = RB(LD(w[i]) * RB(LD(x[i]) * r));
 }
 
 /* Rotate-half RoPE of one head: the first half pairs with -(second half), the second with
-   the first. */
-INLINE void rope(const float *restrict y, const float *restrict c, const float *restrict s,
-                 int64_t D, float *restrict out) {
+   the first; each product and the sum rounded as torch's ops in the model's dtype. */
+INLINE void rope(const float *restrict y, const T *restrict c, const T *restrict s,
+                 int64_t D, T *restrict out) {
     const int64_t h = D / 2;
     #pragma omp simd
-    for (int64_t i = 0; i < h; i++) out[i] = y[i] * c[i] + -y[i + h] * s[i];
+    for (int64_t i = 0; i < h; i++)
+        out[i] = ST(RB(y[i] * LD(c[i])) + RB(-y[i + h] * LD(s[i])));
     #pragma omp simd
-    for (int64_t i = h; i < D; i++) out[i] = y[i] * c[i] + y[i - h] * s[i];
+    for (int64_t i = h; i < D; i++)
+        out[i] = ST(RB(y[i] * LD(c[i])) + RB(y[i - h] * LD(s[i])));
 }
 
-/* Up to R rows of n floats normed: their sums of squares first, so that the reductions and
+/* Up to R rows of n values normed: their sums of squares first, so that the reductions and
    square roots of different rows overlap instead of each waiting on the last. */
-enum { R = 4 };
-INLINE void norm_rows(const float *x, const float *w, float eps, int64_t rows, int64_t n,
-                      float *out) {
+INLINE void norm_rows(const T *x, const T *w, float eps, int64_t rows, int64_t n, T *out) {
     float r[R];
     for (int64_t j = 0; j < rows; j++) r[j] = sum_sq(x + j * n, n);
     for (int64_t j = 0; j < rows; j++) r[j] = inv_rms(r[j], n, eps);
-    for (int64_t j = 0; j < rows; j++) scale(x + j * n, w, r[j], n, out + j * n);
+    for (int64_t j = 0; j < rows; j++) {
+        const T *restrict xj = x + j * n;
+        T *restrict o = out + j * n;
+        #pragma omp simd
+        for (int64_t i = 0; i < n; i++) o[i] = ST(LD(w[i]) * RB(LD(xj[i]) * r[j]));
+    }
 }
 
 /* The same for a token's heads, each then rotated into q or k. D is a constant in the
    specialised copies below: a head is then a few whole vectors, with no remainder loops. */
-INLINE int64_t qk_rows(const float *qkv, const float *qw, const float *kw, float eps,
-                       const float *cos, const float *sin, const int64_t *slots, float *q,
-                       float *k, float *kc, float *vc, int64_t T, int64_t HQ, int64_t HKV,
-                       const int64_t D, int64_t nslots) {
+INLINE int64_t qk_rows(const T *qkv, const T *qw, const T *kw, float eps, const T *cos,
+                       const T *sin, const int64_t *slots, T *q, T *k, T *kc, T *vc,
+                       int64_t Tn, int64_t HQ, int64_t HKV, const int64_t D, int64_t nslots) {
     const int64_t H = HQ + HKV, row = (H + HKV) * D, kv = HKV * D;
     float r[H], y[D] __attribute__((aligned(64)));
     int64_t bad = 0;
-    for (int64_t t = 0; t < T; t++) {
-        const float *x = qkv + t * row;
+    for (int64_t t = 0; t < Tn; t++) {
+        const T *x = qkv + t * row;
         for (int64_t h = 0; h < H; h++) r[h] = sum_sq(x + h * D, D);
         for (int64_t h = 0; h < H; h++) r[h] = inv_rms(r[h], D, eps);
         for (int64_t h = 0; h < H; h++) {
@@ -68,36 +127,47 @@ INLINE int64_t qk_rows(const float *qkv, const float *qw, const float *kw, float
             bad++;
             continue;
         }
-        memcpy(kc + slot * kv, k + t * kv, kv * sizeof(float));
-        memcpy(vc + slot * kv, x + H * D, kv * sizeof(float));
+        memcpy(kc + slot * kv, k + t * kv, kv * sizeof(T));
+        memcpy(vc + slot * kv, x + H * D, kv * sizeof(T));
     }
     return bad;
 }
 
-/* qkv: [T, (HQ + 2 HKV) D]; cos, sin: [T, D]; q: [T, HQ, D]; k: [T, HKV, D]; caches:
+/* qkv: [Tn, (HQ + 2 HKV) D]; cos, sin: [Tn, D]; q: [Tn, HQ, D]; k: [Tn, HKV, D]; caches:
    [nslots, HKV, D]. Returns how many tokens had a slot outside [0, nslots) (not stored). */
-int64_t qk_norm_rope_store(const float *qkv, const float *qw, const float *kw, float eps,
-                           const float *cos, const float *sin, const int64_t *slots,
-                           float *q, float *k, float *kc, float *vc, int64_t T, int64_t HQ,
-                           int64_t HKV, int64_t D, int64_t nslots) {
-#define QK(d) qk_rows(qkv, qw, kw, eps, cos, sin, slots, q, k, kc, vc, T, HQ, HKV, d, nslots)
+int64_t qk_norm_rope_store(const T *qkv, const T *qw, const T *kw, float eps, const T *cos,
+                           const T *sin, const int64_t *slots, T *q, T *k, T *kc, T *vc,
+                           int64_t Tn, int64_t HQ, int64_t HKV, int64_t D, int64_t nslots) {
+#define QK(d) qk_rows(qkv, qw, kw, eps, cos, sin, slots, q, k, kc, vc, Tn, HQ, HKV, d, nslots)
     return D == 64 ? QK(64) : D == 128 ? QK(128) : QK(D);
+#undef QK
 }
 
-/* sum = residual + x; out = norm(sum); all [T, N]. */
-void add_rms_norm(const float *x, const float *residual, const float *w, float eps,
-                  float *sum, float *out, int64_t T, int64_t N) {
-    for (int64_t t = 0; t < T; t += R) {
-        const int64_t rows = T - t < R ? T - t : R;
-        const float *restrict a = residual + t * N, *restrict b = x + t * N;
-        float *restrict y = sum + t * N;
+/* sum = residual + x (rounded as torch's add); out = norm(sum); all [Tn, N]. */
+void add_rms_norm(const T *x, const T *residual, const T *w, float eps, T *sum, T *out,
+                  int64_t Tn, int64_t N) {
+    for (int64_t t = 0; t < Tn; t += R) {
+        const int64_t rows = Tn - t < R ? Tn - t : R;
+        const T *restrict a = residual + t * N, *restrict b = x + t * N;
+        T *restrict y = sum + t * N;
         #pragma omp simd
-        for (int64_t i = 0; i < rows * N; i++) y[i] = a[i] + b[i];
+        for (int64_t i = 0; i < rows * N; i++) y[i] = ST(LD(a[i]) + LD(b[i]));
         norm_rows(y, w, eps, rows, N, out + t * N);
     }
 }
 
-void rms_norm(const float *x, const float *w, float eps, float *out, int64_t T, int64_t N) {
-    for (int64_t t = 0; t < T; t += R) norm_rows(x + t * N, w, eps, T - t < R ? T - t : R, N,
-                                                 out + t * N);
+void rms_norm(const T *x, const T *w, float eps, T *out, int64_t Tn, int64_t N) {
+    for (int64_t t = 0; t < Tn; t += R) norm_rows(x + t * N, w, eps, Tn - t < R ? Tn - t : R,
+                                                 N, out + t * N);
 }
+
+#undef sum_sq
+#undef inv_rms
+#undef scale
+#undef rope
+#undef norm_rows
+#undef qk_rows
+#undef qk_norm_rope_store
+#undef add_rms_norm
+#undef rms_norm
+#endif  /* T */

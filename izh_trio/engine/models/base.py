@@ -87,11 +87,12 @@ class CausalLM(nn.Module):
 
     def use_cpu_twins(self, attention: AttentionBackend) -> int:
         """Swap every module with a twin in ``cpu_twins`` for it where the kernels can run:
-        fp32 on CPU, the kernels built, and an attention backend whose KV store the twins may
-        do (they store K/V in the pass that norms and rotates it). Returns how many."""
+        fp32 or bf16 on CPU, the kernels built, and an attention backend whose KV store the
+        twins may do (they store K/V in the pass that norms and rotates it). Returns how
+        many."""
         weight = next(self.parameters())
         if not (attention.plain_kv_store and weight.device.type == "cpu"
-                and weight.dtype == torch.float32 and cpu_fused.available()):
+                and weight.dtype in cpu_fused.DTYPES and cpu_fused.available()):
             return 0
         swapped = 0
         for name, module in list(self.named_modules()):

@@ -32,7 +32,8 @@ class RMSNorm(nn.Module):
 
 
 class CpuRMSNorm(RMSNorm):
-    """The same norm, and its residual add, each one compiled C call (fp32 on CPU)."""
+    """The same norm, and its residual add, each one compiled C call (fp32 or bf16 on
+    CPU)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return cpu_fused.rms_norm(x, self.weight, self.eps)

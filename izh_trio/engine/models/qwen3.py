@@ -5,9 +5,10 @@ RMSNorm -> SwiGLU MLP -> residual] -> RMSNorm -> LM head (tied or not). Arithmet
 Hugging Face's implementation step for step so that fp32 logits agree to rounding.
 
 Only the architecture is here. Where the engine runs a module otherwise, it swaps it at load
-time: fp32 on CPU, the norms, RoPE and KV store for twins on compiled C loops (``cpu_twins``);
-linears on CPU for ones on packed oneDNN weights (``cpu_linear.py``); with LoRA adapters, the
-decoder's linears for ones that add the adapters' terms (``lora/linear.py``).
+time: fp32 or bf16 on CPU, the norms, RoPE and KV store for twins on compiled C loops
+(``cpu_twins``); linears on CPU for ones on packed oneDNN weights (``cpu_linear.py``); with
+LoRA adapters, the decoder's linears for ones that add the adapters' terms
+(``lora/linear.py``).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ class Attention(nn.Module):
 
 
 class CpuAttention(Attention):
-    """Its norms, RoPE and KV store in one compiled C call (fp32 on CPU)."""
+    """Its norms, RoPE and KV store in one compiled C call (fp32 or bf16 on CPU)."""
 
     def norm_rope_store(self, qkv: torch.Tensor, rotation: Rotation, kv_cache: KVCache,
                         meta: AttentionMetadata
