@@ -170,8 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "make-tiny":
         given = {k: v for k, v in vars(args).items() if k not in ("command", "dir", "shape")}
-        shape = {**SHAPES.get(getattr(args, "shape", ""), {}), **given}
-        spec = _built(commands["make-tiny"], TinySpec, shape)
+        base = SHAPES.get(getattr(args, "shape", ""), TinySpec())
+        spec = _built(commands["make-tiny"], TinySpec, {**attrs.asdict(base), **given})
         try:
             print(make_tiny_checkpoint(args.dir, spec))
         except OSError as exc:  # a directory holding something else, say

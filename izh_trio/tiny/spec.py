@@ -56,9 +56,9 @@ class TinySpec:
 
 #: Real models' shapes with the tiny tokenizer and random weights, for benchmarks
 #: (``izh-trio make-tiny --shape NAME``); their weights are what costs, not their vocabulary.
-SHAPES: dict[str, dict[str, int | bool]] = {
-    "qwen3-0.6b": {"vocab_size": 4096, "embedding_rows": 151_936, "hidden_size": 1024,
-                   "intermediate_size": 3072, "num_hidden_layers": 28,
-                   "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
-                   "max_position_embeddings": 40_960, "tie_word_embeddings": True},
+SHAPES: dict[str, TinySpec] = {
+    "qwen3-0.6b": TinySpec(vocab_size=4096, embedding_rows=151_936, hidden_size=1024,
+                           intermediate_size=3072, num_hidden_layers=28,
+                           num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                           max_position_embeddings=40_960, tie_word_embeddings=True),
 }

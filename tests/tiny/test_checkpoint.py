@@ -279,7 +279,7 @@ def test_padded_embedding_rows(tmp_path: Path) -> None:
 def test_named_shapes_are_valid_specs() -> None:
     from izh_trio.tiny import SHAPES
 
-    spec = TinySpec(**SHAPES["qwen3-0.6b"])  # type: ignore[arg-type]
+    spec = SHAPES["qwen3-0.6b"]
     assert (spec.rows, spec.hidden_size, spec.num_hidden_layers) == (151_936, 1024, 28)
     params = sum(int(np.prod(s)) for s in weight_shapes(spec).values())
     assert 590e6 < params < 600e6  # Qwen3-0.6B's 596 M, its embedding tied to the head

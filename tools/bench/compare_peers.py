@@ -1,6 +1,11 @@
 """Our server against vLLM's CPU build on the same checkpoint, same client, interleaved.
 
-    python -m tools.bench.compare_peers [--model-dir DIR] [--rounds 2] [--mode paired|sequential]
+    python -m tools.bench.compare_peers [--model-dir DIR | --shape qwen3-0.6b]
+        [--dtype float32|bfloat16] [--workloads 32x32,...] [--rounds 2]
+        [--mode paired|sequential]
+
+    # issue 22's set: Qwen3-0.6B's shape (random weights, made here once), 8 and 1 streams
+    python -m tools.bench.compare_peers --shape qwen3-0.6b --workloads 8x64,1x64
 
 This machine's speed drifts by a third over minutes (every process's CPU per token, the
 client's too, rises and falls together), so the two servers are best measured close together:
@@ -18,20 +23,25 @@ at least 8), so that neither server is measured while it still pays one-time cos
 compilation, first-touch memory, new connections): on a fresh server a 256-prompt 32x32 run
 was ~20 % slower than the same run just after it. The report is the median over rounds per
 server, and the ratios. Without ``--model-dir`` it writes the issue's reference checkpoint
-(2 layers, hidden 256, head_dim 64, vocab 2000, fp32; vLLM's CPU attention needs head_dim >= 32).
+(2 layers, hidden 256, head_dim 64, vocab 2000, fp32; vLLM's CPU attention needs head_dim >= 32),
+or with ``--shape`` a real model's shape (``izh-trio make-tiny --shape``: 28 layers, hidden
+1,024, 151,936 embedding rows for qwen3-0.6b), where the engine's arithmetic and memory traffic
+decide. Both servers run in ``--dtype`` (vLLM through its own binary when it is not fp32, the
+peer script's fixed dtype).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from izh_trio.tiny import make_tiny_checkpoint
+from izh_trio.tiny import SHAPES, TinySpec, make_tiny_checkpoint
 from tools.bench import servers
 
 ROOT = servers.ROOT
@@ -43,6 +53,11 @@ WORKLOADS = {  # name: bench_serve arguments
                 "--output-len", "128"],
     "1x128": ["--num-prompts", "12", "--concurrency", "1", "--input-len", "32",
               "--output-len", "128"],
+    # For real shapes (a token per stream takes ~0.1 s): one warm-up wave, fewer prompts.
+    "8x64": ["--num-prompts", "24", "--concurrency", "8", "--input-len", "32",
+             "--output-len", "64", "--warmup", "8"],
+    "1x64": ["--num-prompts", "4", "--concurrency", "1", "--input-len", "32",
+             "--output-len", "64", "--warmup", "1"],
     "smoke": ["--num-prompts", "8", "--concurrency", "4", "--input-len", "8",
               "--output-len", "4"],  # not a benchmark: the tool's own test
 }
@@ -51,16 +66,26 @@ METRICS = ("output_throughput", "median_ttft_ms", "median_itl_ms", "median_tpot_
            "server_cpu_us_per_token", "client_cpu_us_per_token")
 
 
-def _warmup(workload: list[str]) -> int:
-    """One wave of the workload's own requests: its concurrency, at least 8."""
-    return max(8, int(workload[workload.index("--concurrency") + 1]))
+def _warmup(workload: list[str]) -> list[str]:
+    """One wave of the workload's own requests (its concurrency, at least 8), unless it says."""
+    if "--warmup" in workload:
+        return []
+    return ["--warmup", str(max(8, int(workload[workload.index("--concurrency") + 1])))]
 
 
-def _command(kind: str, model_dir: Path, port: int) -> list[str]:
+def _command(kind: str, model_dir: Path, port: int, dtype: str = "float32") -> list[str]:
     if kind == "izh":
         return [sys.executable, "-m", "izh_trio", "serve", "--model-dir", str(model_dir),
-                "--port", str(port)]
-    return [str(PEER), str(model_dir), str(port)]
+                "--port", str(port), "--dtype", dtype]
+    if dtype == "float32":
+        return [str(PEER), str(model_dir), str(port)]
+    # The peer script serves fp32 only: its installed binary, with the script's other flags.
+    vllm = Path(os.environ.get("IZH_PEERS", Path.home() / ".cache" / "izh-peers"))
+    return ["env", "VLLM_TARGET_DEVICE=cpu",
+            f"VLLM_CPU_KVCACHE_SPACE={os.environ.get('VLLM_CPU_KVCACHE_SPACE', '2')}",
+            str(vllm / "vllm-cpu" / "bin" / "vllm"), "serve", str(model_dir), "--host",
+            "127.0.0.1", "--port", str(port), "--max-model-len", "2048", "--dtype", dtype,
+            "--served-model-name", model_dir.name]
 
 
 def _measure(kind: str, name: str, port: int, proc: subprocess.Popen, out: Path,
@@ -71,7 +96,7 @@ def _measure(kind: str, name: str, port: int, proc: subprocess.Popen, out: Path,
     started = time.monotonic()
     subprocess.run([*servers.tool("tools.bench.bench_serve"),
                     "--base-url", f"http://127.0.0.1:{port}",
-                    "--warmup", str(_warmup(WORKLOADS[name])),
+                    *_warmup(WORKLOADS[name]),
                     "--no-progress", "--label", kind, "--result-json", str(out),
                     *WORKLOADS[name]], check=False, stdout=subprocess.DEVNULL, cwd=ROOT)
     point = json.loads(out.read_text())["points"][0]
@@ -92,11 +117,12 @@ def _record(results: dict, rnd: int, kind: str, name: str, point: dict) -> None:
 
 
 def sequential(kinds: list[str], names: list[str], rounds: int, model_dir: Path, port: int,
-               out: Path) -> dict:
+               out: Path, dtype: str = "float32") -> dict:
     results: dict[str, dict[str, list[dict]]] = {}
     for rnd in range(rounds):
         for kind in kinds:
-            proc = servers.start(_command(kind, model_dir, port), out / f"{kind}-{rnd}.log")
+            proc = servers.start(_command(kind, model_dir, port, dtype),
+                                 out / f"{kind}-{rnd}.log")
             try:
                 servers.wait_ready(port, proc)
                 for name in names:
@@ -108,13 +134,13 @@ def sequential(kinds: list[str], names: list[str], rounds: int, model_dir: Path,
 
 
 def paired(kinds: list[str], names: list[str], rounds: int, model_dir: Path, port: int,
-           out: Path, settle_timeout: float = 20.0) -> dict:
+           out: Path, dtype: str = "float32", settle_timeout: float = 20.0) -> dict:
     ports = {kind: port + i for i, kind in enumerate(kinds)}
     procs: dict[str, subprocess.Popen] = {}
     results: dict[str, dict[str, list[dict]]] = {}
     try:
         for kind in kinds:
-            procs[kind] = servers.start(_command(kind, model_dir, ports[kind]),
+            procs[kind] = servers.start(_command(kind, model_dir, ports[kind], dtype),
                                         out / f"{kind}.log")
         for kind in kinds:
             servers.wait_ready(ports[kind], procs[kind])
@@ -172,12 +198,17 @@ def main() -> None:
     p.add_argument("--workloads", default=DEFAULT_WORKLOADS, help=f"of {', '.join(WORKLOADS)}")
     p.add_argument("--settle-timeout", type=float, default=20.0,
                    help="paired: at most this long waiting for a quiet machine before a run")
+    p.add_argument("--shape", choices=sorted(SHAPES),
+                   help="without --model-dir: a real model's shape, random weights")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                   help="both servers' (the checkpoint is fp32)")
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
-    model_dir = a.model_dir or a.out / "tiny-qwen3"
-    if a.model_dir is None and not (model_dir / "config.json").is_file():
-        make_tiny_checkpoint(model_dir)
-    args = (a.servers.split(","), a.workloads.split(","), a.rounds, model_dir, a.port, a.out)
+    model_dir = a.model_dir or a.out / (a.shape or "tiny-qwen3")
+    if a.model_dir is None:  # made once, reused (a finished build is checked, not redone)
+        make_tiny_checkpoint(model_dir, SHAPES[a.shape] if a.shape else TinySpec())
+    args = (a.servers.split(","), a.workloads.split(","), a.rounds, model_dir, a.port, a.out,
+            a.dtype)
     report(paired(*args, a.settle_timeout) if a.mode == "paired" else sequential(*args), a.out)
 
 
