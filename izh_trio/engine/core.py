@@ -33,11 +33,11 @@ from izh_trio.wire import (
 
 class EngineCore:
     def __init__(self, config: EngineConfig) -> None:
-        self.threads = ThreadPlan.for_config(config)
-        self._threads_now = 0
         torch.manual_seed(config.seed)
         self.config = config
         self.runner = ModelRunner(config)
+        self.threads = ThreadPlan.for_config(config, self.runner.weight_bytes)
+        self._threads_now = 0
         self.max_model_len = self.runner.max_model_len
         self.eos_token_ids = frozenset(self.runner.model_config.eos_token_ids)
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size)

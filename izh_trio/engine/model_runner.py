@@ -69,6 +69,8 @@ class ModelRunner:
             torch.set_default_dtype(previous)
         self.model.load_weights(iter_safetensors(model_dir))
         self.model.eval()
+        #: What a step reads at the least (a tied head once), before packing hides weights.
+        self.weight_bytes = sum(p.nbytes for p in self.model.parameters())
         if self.device.type == "cpu":  # once loaded: the modules swapped in take its weights
             twins = self.model.use_cpu_twins(self.attention)
             log.info("%d modules on compiled CPU kernels, %d linear layers packed for oneDNN",

@@ -1,11 +1,12 @@
 """Torch threads per engine step on CPU.
 
 A step that is mostly new prompts (a burst of arrivals, when there is little to stream) takes
-every core and prefills sooner (``tools/bench/results/cpu-kernels.md``). A decode step takes
-every core while the rest of the machine is nearly idle (``cpu_load.OtherLoad``: a large
-model at a few streams, whose frontend has a token per sequence to send now and then), and
-leaves one core free while it is not (a small model at many streams, whose frontend streams
-as fast as the engine makes tokens). ``num_threads`` set by hand fixes every step's count.
+every core and prefills sooner (``tools/bench/results/cpu-kernels.md``). A decode step of a
+large model takes every core while the rest of the machine is nearly idle
+(``cpu_load.OtherLoad``: a few streams, whose frontend has a token per sequence to send now
+and then), and leaves one core free while it is not (many streams, whose frontend streams as
+fast as the engine makes tokens); a small model's decode steps always leave it one.
+``num_threads`` set by hand fixes every step's count.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ log = logging.getLogger(__name__)
 #: line (three runnable threads share two cores fairly), so a busy frontend is always seen.
 SPREAD_BELOW = 0.25
 GATHER_ABOVE = 0.5
+#: Only a model whose step streams this many bytes of weights spreads its decode steps: a
+#: smaller one's matrix products are too short to gain from a second thread what each
+#: parallel region costs (the tiny checkpoint reads ~4 MB a step, Qwen3-0.6B 1.2-2.4 GB).
+SPREAD_MIN_WEIGHT_BYTES = 64 << 20
 
 
 @attrs.define
@@ -40,13 +45,14 @@ class ThreadPlan:
     spread: bool = attrs.field(default=False, init=False)  #: decoding on every core now
 
     @classmethod
-    def for_config(cls, config: EngineConfig) -> ThreadPlan:
+    def for_config(cls, config: EngineConfig, weight_bytes: int) -> ThreadPlan:
         if config.num_threads:
             return cls(config.num_threads, config.num_threads)
         if not config.device.startswith("cpu"):
             return cls(torch.get_num_threads(), torch.get_num_threads())
         cores = os.cpu_count() or 2
-        return cls(max(1, cores - 1), cores, load=OtherLoad() if cores > 1 else None)
+        spreads = cores > 1 and weight_bytes >= SPREAD_MIN_WEIGHT_BYTES
+        return cls(max(1, cores - 1), cores, load=OtherLoad() if spreads else None)
 
     def for_batch(self, batch: list[ScheduledSeq]) -> int:
         prompt = sum(item.num_new_tokens for item in batch if item.num_new_tokens > 1)

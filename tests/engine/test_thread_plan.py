@@ -13,7 +13,12 @@ import torch
 from izh_trio.engine import cpu_load
 from izh_trio.engine.core import EngineCore
 from izh_trio.engine.cpu_load import OtherLoad
-from izh_trio.engine.thread_plan import GATHER_ABOVE, SPREAD_BELOW, ThreadPlan
+from izh_trio.engine.thread_plan import (
+    GATHER_ABOVE,
+    SPREAD_BELOW,
+    SPREAD_MIN_WEIGHT_BYTES,
+    ThreadPlan,
+)
 from izh_trio.wire import AddRequest, EngineConfig, SamplingParams
 
 
@@ -124,3 +129,12 @@ def test_hand_set_threads_are_kept(hf_dir: Path, threads_kept: None) -> None:
 def test_plan_without_a_load_keeps_a_core_free() -> None:
     plan = ThreadPlan(1, 2)
     assert plan.for_batch([]) == 1
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores to spread over")
+def test_only_a_large_model_spreads(hf_dir: Path) -> None:
+    config = EngineConfig(model_dir=str(hf_dir))
+    assert ThreadPlan.for_config(config, SPREAD_MIN_WEIGHT_BYTES - 1).load is None
+    assert ThreadPlan.for_config(config, SPREAD_MIN_WEIGHT_BYTES).load is not None
+    core = _core(hf_dir, device="cpu")  # the test checkpoint: a few MB
+    assert core.threads.load is None
