@@ -10,8 +10,13 @@ round's milliseconds per step (rounds of every thread count interleave, so a mac
 slows mid-run slows them all). Threads are set for the whole step (``EngineConfig
 .num_threads``). ``--profile`` prints torch's profile of one round per configuration: where
 a step's time goes besides the matrix products. Make the 0.6B-shaped checkpoint with
-``izh-trio make-tiny --shape qwen3-0.6b DIR``; set ``IZH_TEST_*`` nothing: this is the engine
-as it serves. Bounds to compare with: ``python -m tools.micro.bench_memory``.
+``izh-trio make-tiny --shape qwen3-0.6b DIR``; this is the engine as it serves.
+
+Beside each figure, the step's two bounds on this machine, measured first
+(``tools.micro.bench_memory``): ``read`` is the weights' bytes over the read bandwidth (every
+step streams them once: the bound of a small batch), ``math`` is the step's matrix FLOPs
+(``2 * batch * parameters``, attention aside) over the matrix rate in the dtype (the bound of
+a large batch); both at the figure's thread count.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import torch
 
 from izh_trio.engine.core import EngineCore
 from izh_trio.wire import AddRequest, EngineConfig, SamplingParams
+from tools.micro.bench_memory import mm_gflops, read_gbps
 
 
 def _core(model_dir: str, dtype: str, threads: int, batch: int, context: int, steps: int,
@@ -66,7 +72,14 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--profile", action="store_true")
     a = p.parse_args()
-    print(f"{'dtype':9} {'batch':>5} {'threads':>7} {'ms/step':>8} {'tok/s':>7}")
+    all_threads = [int(t) for t in a.threads.split(",")]
+    read = {t: read_gbps(t) for t in all_threads}
+    rate = {(d, t): mm_gflops(getattr(torch, d), t) for d in a.dtype.split(",")
+            for t in all_threads}
+    print("bounds: " + ", ".join(f"read {read[t]:.1f} GB/s on {t}" for t in all_threads) + "; "
+          + ", ".join(f"{d} mm {r:.0f} GFLOP/s on {t}" for (d, t), r in rate.items()))
+    print(f"{'dtype':9} {'batch':>5} {'threads':>7} {'ms/step':>8} {'tok/s':>7} "
+          f"{'read ms':>8} {'math ms':>8}")
     for dtype in a.dtype.split(","):
         for batch in (int(b) for b in a.batch.split(",")):
             threads = [int(t) for t in a.threads.split(",")]
@@ -77,9 +90,13 @@ def main() -> None:
                 for t, core in cores.items():
                     core.threads = type(core.threads)(t, t)
                     best[t] = min(best[t], _round(core, a.steps))
+            runner = next(iter(cores.values())).runner
+            params = runner.weight_bytes // runner.dtype.itemsize
             for t in threads:
-                print(f"{dtype:9} {batch:5} {t:7} {best[t]:8.1f} {batch * 1e3 / best[t]:7.1f}",
-                      flush=True)
+                read_ms = runner.weight_bytes / read[t] / 1e6
+                math_ms = 2 * batch * params / rate[dtype, t] / 1e6
+                print(f"{dtype:9} {batch:5} {t:7} {best[t]:8.1f} {batch * 1e3 / best[t]:7.1f} "
+                      f"{read_ms:8.1f} {math_ms:8.1f}", flush=True)
                 if a.profile:
                     with torch.profiler.profile() as prof:
                         _round(cores[t], a.steps)
