@@ -22,6 +22,7 @@ class ToolShape:
     elsewhere: str  #: the API's built-in tools, named in the refusal of one
     #: keys besides name, description, schema and strict a tool may have; None: any
     extras: frozenset[str] | None = None
+    nullable: bool = True  #: whether a null description, schema or strict means "not given"
 
     def to_chat(self, tool: Any, where: str) -> dict[str, Any]:
         """*tool* as chat's function tool, or a 400 naming the member at *where*."""
@@ -43,7 +44,8 @@ class ToolShape:
                 (self.schema_key, "parameters", dict, "a JSON Schema object"),
                 ("strict", None, bool, "a boolean")):
             value = tool.get(key)
-            if value is not None and not isinstance(value, kind_of):
+            given = key in tool if not self.nullable else value is not None
+            if given and not isinstance(value, kind_of):
                 raise _bad(f"{where}.{key}: must be {what}")
             if value is not None and into is not None:
                 function[into] = value

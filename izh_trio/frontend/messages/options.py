@@ -26,7 +26,7 @@ from izh_trio.frontend.structured import Constraint, json_constraint
 
 #: Anthropic's custom tools; cache_control changes nothing here.
 _TOOLS = ToolShape(kind="custom", default_kind="custom", schema_key="input_schema",
-                   schema_required=True, extras=frozenset({"cache_control"}),
+                   schema_required=True, extras=frozenset({"cache_control"}), nullable=False,
                    elsewhere="server tools (web search, code execution, bash, text editor, "
                              "computer use...)")
 
