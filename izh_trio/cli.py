@@ -38,7 +38,7 @@ _TINY_FLAGS = {
     "--kv-heads": ("num_key_value_heads", "key/value heads"),
     "--head-dim": ("head_dim", "head dimension"),
     "--seed": ("seed", "seed of the random weights"),
-    "--embedding-rows": ("embedding_rows", "rows of the embedding and head (default: vocab)"),
+    "--learned-vocab": ("learned_vocab", "tokens learned; the rest are fillers (default: all)"),
 }
 
 

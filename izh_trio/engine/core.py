@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import torch
@@ -156,12 +157,15 @@ class EngineCore:
         if not batch:
             return []
         threads = self.threads.for_batch(batch)
-        if threads != self._threads_now:
+        switched = threads != self._threads_now
+        if switched:
             torch.set_num_threads(threads)
             self._threads_now = threads
+        started = time.perf_counter()
         step = self.runner.execute(batch)
         seqs = [item.seq for item in step.sampling]
         sampled = self.sampler.sample(step.sample, seqs)
+        self.threads.observe(batch, threads, time.perf_counter() - started, switched)
         tokens = dict(zip(seqs, zip(sampled.token_ids, sampled.logprobs, strict=True),
                           strict=True))
         for seq, logits in step.prompt.items():

@@ -5,7 +5,10 @@ every core and prefills sooner (``tools/bench/results/cpu-kernels.md``). A decod
 large model takes every core while the rest of the machine is nearly idle
 (``cpu_load.OtherLoad``: a few streams, whose frontend has a token per sequence to send now
 and then), and leaves one core free while it is not (many streams, whose frontend streams as
-fast as the engine makes tokens); a small model's decode steps always leave it one.
+fast as the engine makes tokens); a small model's decode steps always leave it one. Whether
+every core is faster at all is measured, not assumed (``StepTimes``): a second thread may add
+less bandwidth than its parallel regions cost (bf16 on a two-core VM decodes faster on one),
+so on an idle machine a decode step takes whichever count its batch size has run fastest at.
 ``num_threads`` set by hand fixes every step's count.
 """
 
@@ -36,13 +39,50 @@ GATHER_ABOVE = 0.5
 SPREAD_MIN_WEIGHT_BYTES = 64 << 20
 
 
+def _bucket(batch: list[ScheduledSeq]) -> int:
+    """Batch sizes whose steps cost about the same: 1, 2-3, 4-7, 8-15, ..."""
+    return len(batch).bit_length()
+
+
+@attrs.define
+class StepTimes:
+    """Decode steps' durations (a moving average) per batch bucket and thread count, and which
+    count to run a bucket's next step on: each is tried until it has ``SAMPLES`` figures,
+    then the faster runs, the other again every ``explore_every`` steps of the bucket (the
+    machine and the contexts change)."""
+
+    explore_every: int = 64
+    ewma: dict[tuple[int, int], float] = attrs.field(factory=dict)
+    samples: dict[tuple[int, int], int] = attrs.field(factory=dict)
+    steps: dict[int, int] = attrs.field(factory=dict)
+
+    SAMPLES = 3
+    ALPHA = 0.3
+
+    def choose(self, bucket: int, counts: tuple[int, ...]) -> int:
+        n = self.steps[bucket] = self.steps.get(bucket, 0) + 1
+        for count in counts:
+            if self.samples.get((bucket, count), 0) < self.SAMPLES:
+                return count
+        ranked = sorted(counts, key=lambda c: self.ewma[bucket, c])
+        return ranked[1] if n % self.explore_every == 0 else ranked[0]
+
+    def observe(self, bucket: int, count: int, seconds: float) -> None:
+        key = (bucket, count)
+        seen = self.samples.get(key, 0)
+        self.samples[key] = seen + 1
+        old = self.ewma.get(key)
+        self.ewma[key] = seconds if old is None else old + self.ALPHA * (seconds - old)
+
+
 @attrs.define
 class ThreadPlan:
     decode: int  #: a decode step's threads while the machine is busy
     prefill: int  #: every core: prompt bursts, and decode steps on an idle machine
     prefill_tokens: int = 256  #: from this many prompt tokens in a step, use ``prefill``
     load: OtherLoad | None = None  #: None: decode steps always take ``decode``
-    spread: bool = attrs.field(default=False, init=False)  #: decoding on every core now
+    spread: bool = attrs.field(default=False, init=False)  #: every core allowed now
+    times: StepTimes = attrs.field(factory=StepTimes)
 
     @classmethod
     def for_config(cls, config: EngineConfig, weight_bytes: int) -> ThreadPlan:
@@ -58,7 +98,16 @@ class ThreadPlan:
         prompt = sum(item.num_new_tokens for item in batch if item.num_new_tokens > 1)
         if prompt >= self.prefill_tokens:
             return self.prefill
-        return self.prefill if self._spread_decode() else self.decode
+        if not self._spread_decode():
+            return self.decode
+        return self.times.choose(_bucket(batch), (self.decode, self.prefill))
+
+    def observe(self, batch: list[ScheduledSeq], threads: int, seconds: float,
+                switched: bool) -> None:
+        """A step's duration: decode-only steps on an idle machine teach ``choose``, but for
+        the first after a change of count (``switched``: threads waking, caches cold)."""
+        if self.spread and not switched and all(item.num_new_tokens == 1 for item in batch):
+            self.times.observe(_bucket(batch), threads, seconds)
 
     def _spread_decode(self) -> bool:
         if self.load is None:

@@ -68,7 +68,7 @@ def model_config(spec: TinySpec) -> dict[str, Any]:
         "torch_dtype": "float32",
         "use_cache": True,
         "use_sliding_window": False,
-        "vocab_size": spec.rows,
+        "vocab_size": spec.vocab_size,
     }
 
 
@@ -108,7 +108,7 @@ def _is_complete(out_dir: Path, spec: TinySpec) -> bool:
 
 
 def _write_all(dest: Path, spec: TinySpec) -> None:
-    tok = train_tokenizer(spec.vocab_size)
+    tok = train_tokenizer(spec.vocab_size, spec.learned_vocab)
     expected = _token_ids(spec.vocab_size)
     actual = {t: tok.token_to_id(t) for t in ALL_ADDED_TOKENS}
     if actual != expected:

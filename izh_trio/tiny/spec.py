@@ -29,14 +29,11 @@ class TinySpec:
     tie_word_embeddings: bool = attrs.field(default=False, validator=v.instance_of(bool))
     seed: int = attrs.field(default=0, validator=[v.instance_of(int), v.ge(0)])
     init_std: float = attrs.field(default=0.02, converter=float, validator=_pos_float)
-    #: Rows of the embedding and the head; real checkpoints pad them past the tokenizer's
-    #: vocabulary (Qwen3: 151,669 tokens, 151,936 rows). Default: ``vocab_size``.
-    embedding_rows: int | None = attrs.field(default=None,
-                                             validator=v.optional(_pos_int))
-
-    @property
-    def rows(self) -> int:
-        return self.embedding_rows or self.vocab_size
+    #: BPE tokens learned from the corpus, at most ``vocab_size``; the rest up to the added
+    #: tokens are fillers, each decoding to text (`` <1234>``) and never produced by encoding:
+    #: a real model's vocabulary size without a corpus to learn it from, every id of which a
+    #: random model may sample and a client sees as text. Default: all learned.
+    learned_vocab: int | None = attrs.field(default=None, validator=v.optional(_pos_int))
 
     def __attrs_post_init__(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:
@@ -49,15 +46,15 @@ class TinySpec:
         smallest = 256 + len(ALL_ADDED_TOKENS)  # byte alphabet plus the added tokens
         if self.vocab_size < smallest:
             raise ValueError(f"vocab_size ({self.vocab_size}) must be at least {smallest}")
-        if self.rows < self.vocab_size:
-            raise ValueError(f"embedding_rows ({self.embedding_rows}) must be at least "
+        if self.learned_vocab is not None and not smallest <= self.learned_vocab <= self.vocab_size:
+            raise ValueError(f"learned_vocab ({self.learned_vocab}) must be from {smallest} to "
                              f"vocab_size ({self.vocab_size})")
 
 
 #: Real models' shapes with the tiny tokenizer and random weights, for benchmarks
 #: (``izh-trio make-tiny --shape NAME``); their weights are what costs, not their vocabulary.
 SHAPES: dict[str, TinySpec] = {
-    "qwen3-0.6b": TinySpec(vocab_size=4096, embedding_rows=151_936, hidden_size=1024,
+    "qwen3-0.6b": TinySpec(vocab_size=151_936, learned_vocab=4096, hidden_size=1024,
                            intermediate_size=3072, num_hidden_layers=28,
                            num_attention_heads=16, num_key_value_heads=8, head_dim=128,
                            max_position_embeddings=40_960, tie_word_embeddings=True),

@@ -12,6 +12,7 @@ import importlib
 import importlib.resources
 import importlib.util
 import inspect
+import json
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -164,9 +165,10 @@ def training_corpus() -> list[str]:
     return [_zen_of_python(), chat_template_text(), *_stdlib_docs(), *_synthetic_chat()]
 
 
-def train_tokenizer(vocab_size: int) -> Tokenizer:
-    """Train the BPE to ``vocab_size`` minus the added tokens, then append the added tokens."""
-    bpe_size = vocab_size - len(ALL_ADDED_TOKENS)
+def train_tokenizer(vocab_size: int, learned: int | None = None) -> Tokenizer:
+    """Train the BPE to ``learned`` (default ``vocab_size``) minus the added tokens, fill it
+    up to ``vocab_size`` minus them with filler tokens, then append the added tokens."""
+    bpe_size = (learned or vocab_size) - len(ALL_ADDED_TOKENS)
     tok = Tokenizer(
         BPE(unk_token=None, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False)
     )
@@ -198,6 +200,8 @@ def train_tokenizer(vocab_size: int) -> Tokenizer:
     # rebuild of it) has empty strings, so match that for an identical round trip.
     tok.model.continuing_subword_prefix = ""
     tok.model.end_of_word_suffix = ""
+    if learned is not None and learned < vocab_size:
+        tok = _with_fillers(tok, vocab_size - len(ALL_ADDED_TOKENS))
 
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED_TOKENS])
@@ -205,6 +209,18 @@ def train_tokenizer(vocab_size: int) -> Tokenizer:
     if total != vocab_size:
         raise RuntimeError(f"tokenizer has {total} tokens, wanted {vocab_size}")
     return tok
+
+
+def _with_fillers(tok: Tokenizer, size: int) -> Tokenizer:
+    """``tok``'s BPE with vocabulary entries up to ``size``: `` <id>`` each, without merges,
+    so that no text encodes to them and each decodes to its own text."""
+    data = json.loads(tok.to_str())
+    vocab = data["model"]["vocab"]
+    fillers = {f"\u0120<{i}>": i for i in range(len(vocab), size)}  # \u0120: a space
+    if set(fillers) & set(vocab):
+        raise RuntimeError("a filler token is a learned one")
+    vocab.update(fillers)
+    return Tokenizer.from_str(json.dumps(data))
 
 
 def tokenizer_config(tok: Tokenizer, model_max_length: int) -> dict[str, Any]:

@@ -14,7 +14,7 @@ def weight_shapes(spec: TinySpec) -> dict[str, tuple[int, ...]]:
     """Every tensor name and shape, in the fixed order random draws are taken."""
     h, inter, d = spec.hidden_size, spec.intermediate_size, spec.head_dim
     q_out, kv_out = spec.num_attention_heads * d, spec.num_key_value_heads * d
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (spec.rows, h)}
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (spec.vocab_size, h)}
     for i in range(spec.num_hidden_layers):
         p = f"model.layers.{i}"
         shapes |= {
@@ -32,7 +32,7 @@ def weight_shapes(spec: TinySpec) -> dict[str, tuple[int, ...]]:
         }
     shapes["model.norm.weight"] = (h,)
     if not spec.tie_word_embeddings:
-        shapes["lm_head.weight"] = (spec.rows, h)
+        shapes["lm_head.weight"] = (spec.vocab_size, h)
     return shapes
 
 

@@ -13,10 +13,13 @@ import torch
 from izh_trio.engine import cpu_load
 from izh_trio.engine.core import EngineCore
 from izh_trio.engine.cpu_load import OtherLoad
+from izh_trio.engine.scheduler import ScheduledSeq
+from izh_trio.engine.sequence import Sequence
 from izh_trio.engine.thread_plan import (
     GATHER_ABOVE,
     SPREAD_BELOW,
     SPREAD_MIN_WEIGHT_BYTES,
+    StepTimes,
     ThreadPlan,
 )
 from izh_trio.wire import AddRequest, EngineConfig, SamplingParams
@@ -90,31 +93,74 @@ def test_proc_readers_count_this_process() -> None:
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores to spread over")
-def test_decode_spreads_on_an_idle_machine_and_leaves_a_core_to_a_busy_one(
+def test_decode_may_spread_on_an_idle_machine_and_leaves_a_core_to_a_busy_one(
         hf_dir: Path, threads_kept: None) -> None:
     core = _core(hf_dir, device="cpu")
     cores = os.cpu_count() or 2
     assert (core.threads.decode, core.threads.prefill) == (cores - 1, cores)
     fake = FakeMachine()
-    core.threads.load = fake.load()
+    core.threads.load = fake.load()  # as a large model's plan has
     _burst(core, 8, 40)  # 320 prompt tokens in the first step: every core, whatever the load
     core.step()
     assert torch.get_num_threads() == cores
     core.step()  # decode only: the load is not known yet, so a core stays free
-    assert torch.get_num_threads() == cores - 1
+    assert torch.get_num_threads() == cores - 1 and not core.threads.spread
     fake.run(0.3, others=SPREAD_BELOW / 2)
-    core.step()
-    assert torch.get_num_threads() == cores
-    fake.run(0.3, others=(SPREAD_BELOW + GATHER_ABOVE) / 2)  # between the lines: kept
-    core.add_request(AddRequest("late", [60, 61, 62], SamplingParams(max_tokens=2)))
-    core.step()
-    assert torch.get_num_threads() == cores
+    core.add_request(AddRequest("late", [60, 61, 62], SamplingParams(max_tokens=40,
+                                                                     ignore_eos=True)))
+    used = set()
+    while core.has_work:  # an idle machine: both counts are tried, and timed
+        core.step()
+        used.add(torch.get_num_threads())
+    assert core.threads.spread and used == {cores - 1, cores}
+    assert {count for _, count in core.threads.times.samples} == {cores - 1, cores}
     fake.run(0.3, others=GATHER_ABOVE * 2)  # a busy frontend
+    core.add_request(AddRequest("busy", [60, 61, 62], SamplingParams(max_tokens=12,
+                                                                     ignore_eos=True)))
     core.step()
-    assert torch.get_num_threads() == cores - 1
-    fake.run(0.3, others=(SPREAD_BELOW + GATHER_ABOVE) / 2)
+    while core.has_work:
+        core.step()
+        assert torch.get_num_threads() == cores - 1
+    assert not core.threads.spread
+    fake.run(0.3, others=(SPREAD_BELOW + GATHER_ABOVE) / 2)  # between the lines: kept
+    core.add_request(AddRequest("mid", [60, 61, 62], SamplingParams(max_tokens=3)))
     core.step()
-    assert torch.get_num_threads() == cores - 1
+    assert not core.threads.spread
+
+
+def test_step_times_pick_the_faster_count_per_batch_size() -> None:
+    times = StepTimes(explore_every=10)
+    speed = {1: 0.050, 2: 0.080}  # one thread faster (as bf16 on a two-core VM)
+    chosen = []
+    for _ in range(40):
+        count = times.choose(1, (1, 2))
+        times.observe(1, count, speed[count])
+        chosen.append(count)
+    assert chosen[:6] == [1, 1, 1, 2, 2, 2]  # each tried until it has its samples
+    assert chosen[6:].count(2) == 4  # then the faster, the slower every 10th step
+    # Another batch size learns on its own, and the machine may change its mind.
+    speed = {1: 0.120, 2: 0.090}
+    chosen = []
+    for _ in range(30):
+        count = times.choose(4, (1, 2))
+        times.observe(4, count, speed[count])
+        chosen.append(count)
+    assert chosen[6:].count(2) > 20
+    assert times.choose(1, (1, 2)) == 1
+
+
+def test_only_decode_steps_on_an_idle_machine_teach_the_times() -> None:
+    plan = ThreadPlan(1, 2)
+    decode = [ScheduledSeq(Sequence("d", [1, 2], SamplingParams(), frozenset()), 1)]
+    plan.observe(decode, 1, 0.5, switched=False)
+    assert not plan.times.samples  # not spread: nothing to choose between
+    plan.spread = True
+    plan.observe(decode, 1, 0.5, switched=True)  # the first step after a change of count
+    mixed = [*decode, ScheduledSeq(Sequence("p", [1, 2, 3], SamplingParams(), frozenset()), 3)]
+    plan.observe(mixed, 1, 0.5, switched=False)
+    assert not plan.times.samples
+    plan.observe(decode, 1, 0.5, switched=False)
+    assert plan.times.samples == {(1, 1): 1}
 
 
 def test_hand_set_threads_are_kept(hf_dir: Path, threads_kept: None) -> None:

@@ -261,25 +261,35 @@ def test_spec_validation() -> None:
     assert TinySpec(rope_theta=10_000).rope_theta == 10_000.0
 
 
-def test_padded_embedding_rows(tmp_path: Path) -> None:
-    """Rows past the tokenizer's vocabulary, as real checkpoints pad them: transformers reads
-    the config's vocab_size as the rows, the tokenizer keeps its own size."""
+def test_filler_tokens(tmp_path: Path) -> None:
+    """A vocabulary larger than the corpus teaches: the learned BPE encodes text as a
+    tokenizer of the learned size does, every filler id decodes to its own text (transformers
+    agrees), and the added tokens stay at the end, where the configs say."""
     torch = pytest.importorskip("torch")
-    spec = TinySpec(vocab_size=600, embedding_rows=640, num_hidden_layers=1, seed=4)
-    out = make_tiny_checkpoint(tmp_path / "padded", spec)
-    assert _read_json(out / "config.json")["vocab_size"] == 640
-    assert tokenizers.Tokenizer.from_file(str(out / "tokenizer.json")).get_vocab_size() == 600
+    spec = TinySpec(vocab_size=700, learned_vocab=600, num_hidden_layers=1, seed=4)
+    out = make_tiny_checkpoint(tmp_path / "filled", spec)
+    plain = make_tiny_checkpoint(tmp_path / "plain", TinySpec(vocab_size=600, num_hidden_layers=1))
+    filled = tokenizers.Tokenizer.from_file(str(out / "tokenizer.json"))
+    learned = tokenizers.Tokenizer.from_file(str(plain / "tokenizer.json"))
+    assert filled.get_vocab_size() == 700 and _read_json(out / "config.json")["vocab_size"] == 700
+    text = f"{json.__doc__} {textwrap.__doc__} x <5> 591 {{\"a\": [1, 2.5]}}"  # no added token
+    assert filled.encode(text, add_special_tokens=False).ids == \
+        learned.encode(text, add_special_tokens=False).ids
+    hf = transformers.AutoTokenizer.from_pretrained(out)
+    for i in (591, 640, 690):
+        assert filled.decode([i]) == hf.decode([i]) == f" <{i}>"
+    assert _read_json(out / "config.json")["eos_token_id"] == filled.token_to_id("<|im_end|>") > 690
     model = transformers.AutoModelForCausalLM.from_pretrained(out)
     with torch.no_grad():
-        assert model(torch.tensor([[1, 2, 3]])).logits.shape == (1, 3, 640)
-    with pytest.raises(ValueError, match="embedding_rows"):
-        TinySpec(vocab_size=600, embedding_rows=599)
+        assert model(torch.tensor([[1, 2, 3]])).logits.shape == (1, 3, 700)
+    with pytest.raises(ValueError, match="learned_vocab"):
+        TinySpec(vocab_size=600, learned_vocab=601)
 
 
 def test_named_shapes_are_valid_specs() -> None:
     from izh_trio.tiny import SHAPES
 
     spec = SHAPES["qwen3-0.6b"]
-    assert (spec.rows, spec.hidden_size, spec.num_hidden_layers) == (151_936, 1024, 28)
+    assert (spec.vocab_size, spec.hidden_size, spec.num_hidden_layers) == (151_936, 1024, 28)
     params = sum(int(np.prod(s)) for s in weight_shapes(spec).values())
     assert 590e6 < params < 600e6  # Qwen3-0.6B's 596 M, its embedding tied to the head

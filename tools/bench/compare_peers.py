@@ -25,7 +25,7 @@ was ~20 % slower than the same run just after it. The report is the median over 
 server, and the ratios. Without ``--model-dir`` it writes the issue's reference checkpoint
 (2 layers, hidden 256, head_dim 64, vocab 2000, fp32; vLLM's CPU attention needs head_dim >= 32),
 or with ``--shape`` a real model's shape (``izh-trio make-tiny --shape``: 28 layers, hidden
-1,024, 151,936 embedding rows for qwen3-0.6b), where the engine's arithmetic and memory traffic
+1,024, a 151,936-token vocabulary for qwen3-0.6b), where the engine's arithmetic and memory traffic
 decide. Both servers run in ``--dtype`` (vLLM through its own binary when it is not fp32, the
 peer script's fixed dtype).
 """
