@@ -74,6 +74,10 @@ def _warmup(workload: list[str]) -> list[str]:
 
 
 def _command(kind: str, model_dir: Path, port: int, dtype: str = "float32") -> list[str]:
+    """A server's command line; ``kind`` is ``izh`` or ``vllm``, ``@DTYPE`` after it overrides
+    ``dtype`` (``izh@float32,izh@bfloat16`` compares our two dtypes)."""
+    kind, _, own = kind.partition("@")
+    dtype = own or dtype
     if kind == "izh":
         return [sys.executable, "-m", "izh_trio", "serve", "--model-dir", str(model_dir),
                 "--port", str(port), "--dtype", dtype]
@@ -158,29 +162,29 @@ def paired(kinds: list[str], names: list[str], rounds: int, model_dir: Path, por
     return results
 
 
-def report(results: dict, out: Path) -> dict:
-    """Medians per server, the ratio of the medians and, where both ran every round, the
-    median of the per-round ratios."""
+def report(results: dict, out: Path, kinds: tuple[str, str] = ("izh", "vllm")) -> dict:
+    """Medians per server, the ratio of the first's medians to the second's and, where both
+    ran every round, the median of the per-round ratios."""
     summary: dict = {}
-    print(f"\n{'workload':10}{'metric':26}{'izh':>10}{'vllm':>10}{'izh/vllm':>10}"
-          f"{'per-round':>11}")
+    a, b = kinds
+    print(f"\n{'workload':10}{'metric':26}{a:>14}{b:>14}{'ratio':>8}{'per-round':>11}")
     for name, by_kind in results.items():
         for metric in METRICS:
             # A round can lack a metric (no inter-token gap when every answer came in one
             # chunk): medians are of the rounds that have it.
             med = {k: statistics.median(values) for k, pts in by_kind.items()
                    if (values := [pt[metric] for pt in pts if pt[metric] is not None])}
-            ratio = (med["izh"] / med["vllm"] if {"izh", "vllm"} <= med.keys() and med["vllm"]
+            ratio = (med[a] / med[b] if {a, b} <= med.keys() and med[b]
                      else None)  # a peer that sent everything in one chunk has ITL 0
-            pairs = [a[metric] / b[metric] for a, b in
-                     zip(by_kind.get("izh", []), by_kind.get("vllm", []), strict=False)
-                     if a[metric] is not None and b[metric]]
+            pairs = [x[metric] / y[metric] for x, y in
+                     zip(by_kind.get(a, []), by_kind.get(b, []), strict=False)
+                     if x[metric] is not None and y[metric]]
             per_round = statistics.median(pairs) if pairs else None
             summary.setdefault(name, {})[metric] = {**med, "ratio": ratio,
                                                     "per_round_ratio": per_round}
-            print(f"{name:10}{metric:26}{med.get('izh', float('nan')):10.1f}"
-                  f"{med.get('vllm', float('nan')):10.1f}"
-                  f"{ratio if ratio is not None else float('nan'):10.2f}"
+            print(f"{name:10}{metric:26}{med.get(a, float('nan')):14.1f}"
+                  f"{med.get(b, float('nan')):14.1f}"
+                  f"{ratio if ratio is not None else float('nan'):8.2f}"
                   f"{per_round if per_round is not None else float('nan'):11.2f}")
     summary["runs"] = results
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -194,7 +198,8 @@ def main() -> None:
     p.add_argument("--mode", choices=("paired", "sequential"), default="paired")
     p.add_argument("--port", type=int, default=8300, help="the first server's (paired: +1)")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results" / "peers")
-    p.add_argument("--servers", default="izh,vllm")
+    p.add_argument("--servers", default="izh,vllm",
+                   help="two of izh, vllm, each with an optional @DTYPE (the ratio: first/second)")
     p.add_argument("--workloads", default=DEFAULT_WORKLOADS, help=f"of {', '.join(WORKLOADS)}")
     p.add_argument("--settle-timeout", type=float, default=20.0,
                    help="paired: at most this long waiting for a quiet machine before a run")
@@ -207,9 +212,10 @@ def main() -> None:
     model_dir = a.model_dir or a.out / (a.shape or "tiny-qwen3")
     if a.model_dir is None:  # made once, reused (a finished build is checked, not redone)
         make_tiny_checkpoint(model_dir, SHAPES[a.shape] if a.shape else TinySpec())
-    args = (a.servers.split(","), a.workloads.split(","), a.rounds, model_dir, a.port, a.out,
-            a.dtype)
-    report(paired(*args, a.settle_timeout) if a.mode == "paired" else sequential(*args), a.out)
+    kinds = a.servers.split(",")
+    args = (kinds, a.workloads.split(","), a.rounds, model_dir, a.port, a.out, a.dtype)
+    results = paired(*args, a.settle_timeout) if a.mode == "paired" else sequential(*args)
+    report(results, a.out, (kinds[0], kinds[1] if len(kinds) > 1 else "vllm"))
 
 
 if __name__ == "__main__":
