@@ -48,8 +48,9 @@ def _bucket(batch: list[ScheduledSeq]) -> int:
 class StepTimes:
     """Decode steps' durations (a moving average) per batch bucket and thread count, and which
     count to run a bucket's next step on: each is tried until it has ``SAMPLES`` figures,
-    then the faster runs, the other again every ``explore_every`` steps of the bucket (the
-    machine and the contexts change)."""
+    then the faster runs, the other again for two steps every ``explore_every`` steps of the
+    bucket (the machine and the contexts change; the first step after a change of count is
+    not counted, so one step would teach nothing)."""
 
     explore_every: int = 64
     ewma: dict[tuple[int, int], float] = attrs.field(factory=dict)
@@ -65,7 +66,7 @@ class StepTimes:
             if self.samples.get((bucket, count), 0) < self.SAMPLES:
                 return count
         ranked = sorted(counts, key=lambda c: self.ewma[bucket, c])
-        return ranked[1] if n % self.explore_every == 0 else ranked[0]
+        return ranked[1] if n % self.explore_every < 2 else ranked[0]
 
     def observe(self, bucket: int, count: int, seconds: float) -> None:
         key = (bucket, count)
@@ -119,6 +120,7 @@ class ThreadPlan:
         elif others < SPREAD_BELOW:
             self.spread = True
         if self.spread != was:
-            log.debug("decode steps on %d threads (the rest of the machine: %.2f cores)",
-                      self.prefill if self.spread else self.decode, others or 0.0)
+            log.debug("decode steps %s (the rest of the machine: %.2f cores)",
+                      "may take every core" if self.spread else "leave a core free",
+                      others or 0.0)
         return self.spread
