@@ -61,6 +61,7 @@ class EngineCore:
         self.failures: list[RequestFailed] = []
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        self.step_seconds_total = 0.0
 
     def ready(self) -> Ready:
         cfg = self.runner.model_config
@@ -165,7 +166,9 @@ class EngineCore:
         step = self.runner.execute(batch)
         seqs = [item.seq for item in step.sampling]
         sampled = self.sampler.sample(step.sample, seqs)
-        self.threads.observe(batch, threads, time.perf_counter() - started, switched)
+        seconds = time.perf_counter() - started
+        self.threads.observe(batch, threads, seconds, switched)
+        self.step_seconds_total += seconds
         tokens = dict(zip(seqs, zip(sampled.token_ids, sampled.logprobs, strict=True),
                           strict=True))
         for seq, logits in step.prompt.items():
@@ -242,4 +245,6 @@ class EngineCore:
             generation_tokens_total=self.generation_tokens_total,
             prefix_cache_queries=self.block_manager.prefix_queries,
             prefix_cache_hits=self.block_manager.prefix_hits,
+            step_seconds_total=self.step_seconds_total,
+            step_threads=self._threads_now,
         )

@@ -65,6 +65,12 @@ class _EngineCollector(Collector):
         yield GaugeMetricFamily("izh:prefix_cache_hit_rate",
                                 "Cumulative prefix-cache hit rate (hits / queries).",
                                 value=hits / queries if queries else 0.0)
+        yield CounterMetricFamily("izh:engine_step_seconds",
+                                  "Seconds the engine core spent in steps (model and sampler).",
+                                  value=s.step_seconds_total if s else 0.0)
+        yield GaugeMetricFamily("izh:engine_step_threads",
+                                "Torch threads of the engine's last step (CPU: 0 before one).",
+                                value=s.step_threads if s else 0)
         yield GaugeMetricFamily("izh:num_requests_in_flight",
                                 "HTTP generations admitted and not yet finished.",
                                 value=self._admission().in_flight)

@@ -202,6 +202,9 @@ class Stats:
     #: Prompt tokens looked up in the prefix cache, and how many of them were found.
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    #: Seconds spent in steps (the model and the sampler), and the torch threads of the last.
+    step_seconds_total: float = 0.0
+    step_threads: int = 0
 
 
 @attrs.frozen

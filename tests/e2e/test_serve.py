@@ -65,6 +65,13 @@ def test_models_health_and_metrics(server: str) -> None:
     samples = wait_for_metrics(server, lambda m: m["izh:event_loop_lag_seconds_count"] > 0,
                                what="an event-loop lag sample")
     assert samples["izh:event_loop_lag_max_seconds"] >= 0
+    # The engine's time in steps grows with a request; its last step's threads are given.
+    before = samples["izh:engine_step_seconds_total"]
+    httpx.post(server + "/v1/completions", json={"prompt": "A", "max_tokens": 3},
+               timeout=60).raise_for_status()
+    samples = wait_for_metrics(server, lambda m: m["izh:engine_step_seconds_total"] > before,
+                               what="engine step time")
+    assert samples["izh:engine_step_threads"] >= 1
 
 
 @pytest.mark.parametrize(
