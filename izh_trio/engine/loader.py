@@ -1,4 +1,5 @@
-"""Read a Hugging Face Qwen3 directory: config, generation defaults and safetensors weights."""
+"""Read a Hugging Face checkpoint directory: config, generation defaults and safetensors
+weights."""
 
 from __future__ import annotations
 
@@ -21,11 +22,51 @@ _DTYPES = {
 
 
 class CheckpointError(ValueError):
-    """The directory is not a Qwen3 checkpoint we can serve; the message says why."""
+    """The directory is not a checkpoint we can serve; the message says why."""
+
+
+#: rope_type -> the keys of its parameters in config.json (beside ``rope_type`` and theta).
+ROPE_TYPES: dict[str, tuple[str, ...]] = {
+    "default": (),
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+               "original_max_position_embeddings"),
+}
 
 
 @attrs.frozen
-class Qwen3Config:
+class RopeScaling:
+    """A checkpoint's rotary embedding: its theta, and a scaling of its frequencies."""
+
+    theta: float
+    kind: str = "default"
+    #: The scaling's parameters, as config.json names them (``factor``...).
+    params: tuple[tuple[str, float], ...] = ()
+
+    def get(self, key: str) -> float:
+        return dict(self.params)[key]
+
+    @classmethod
+    def from_config(cls, raw: dict[str, Any]) -> RopeScaling:
+        # Both spellings: transformers < 4.56 wrote rope_theta and rope_scaling, newer writes
+        # rope_parameters holding both.
+        rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+        kind = rope.get("rope_type", rope.get("type")) or "default"
+        if kind not in ROPE_TYPES:
+            raise CheckpointError(f"rope_type {kind!r} is not supported "
+                                  f"({', '.join(ROPE_TYPES)})")
+        missing = [k for k in ROPE_TYPES[kind] if not isinstance(rope.get(k), int | float)]
+        if missing:
+            raise CheckpointError(f"rope_type {kind!r} needs {', '.join(missing)}")
+        theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
+        return cls(float(theta), kind, tuple((k, float(rope[k])) for k in ROPE_TYPES[kind]))
+
+
+@attrs.frozen
+class ModelConfig:
+    """What the engine reads of a checkpoint's config.json, whatever its family; a family's
+    reader (``models.FAMILIES``) sets the switches its architecture has."""
+
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -37,24 +78,20 @@ class Qwen3Config:
     rope_theta: float
     max_position_embeddings: int
     tie_word_embeddings: bool
-    attention_bias: bool
+    attention_bias: bool  #: biases on q, k, v and o (Llama's ``attention_bias``)
     dtype: torch.dtype
     eos_token_ids: tuple[int, ...]
     architecture: str
+    qkv_bias: bool = False  #: biases on q, k and v only (Qwen2)
+    mlp_bias: bool = False
+    rope: RopeScaling | None = None  #: None: plain RoPE at ``rope_theta``
 
     @classmethod
-    def from_dir(cls, model_dir: Path) -> Qwen3Config:
+    def from_dir(cls, model_dir: Path, **switches: Any) -> ModelConfig:
         raw = config_json(model_dir)
         arch = (raw.get("architectures") or ["Qwen3ForCausalLM"])[0]
-        if raw.get("model_type", "qwen3") != "qwen3":
-            raise CheckpointError(f"model_type {raw.get('model_type')!r} is not qwen3")
         heads = raw["num_attention_heads"]
-        # Both spellings: transformers < 4.56 wrote rope_theta, newer writes rope_parameters.
-        rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type not in ("default", None):
-            raise CheckpointError(f"rope_type {rope_type!r} is not supported yet")
-        theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
+        rope = RopeScaling.from_config(raw)
         dtype_name = raw.get("dtype") or raw.get("torch_dtype") or "float32"
         if dtype_name not in _DTYPES:
             raise CheckpointError(f"unsupported dtype {dtype_name!r}")
@@ -64,16 +101,19 @@ class Qwen3Config:
             intermediate_size=raw["intermediate_size"],
             num_hidden_layers=raw["num_hidden_layers"],
             num_attention_heads=heads,
-            num_key_value_heads=raw.get("num_key_value_heads", heads),
+            num_key_value_heads=raw.get("num_key_value_heads") or heads,
             head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
             rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
-            rope_theta=float(theta),
+            rope_theta=rope.theta,
             max_position_embeddings=raw.get("max_position_embeddings", 32768),
             tie_word_embeddings=raw.get("tie_word_embeddings", False),
             attention_bias=raw.get("attention_bias", False),
             dtype=_DTYPES[dtype_name],
             eos_token_ids=_eos_ids(model_dir, raw),
             architecture=arch,
+            mlp_bias=raw.get("mlp_bias", False),
+            rope=rope,
+            **switches,
         )
 
 

@@ -17,7 +17,7 @@ import torch
 from izh_trio.engine import cpu_fused
 from izh_trio.engine.attention import TORCH_BACKEND, StepAttention
 from izh_trio.engine.attention.torch_sdpa import store_kv
-from izh_trio.engine.loader import Qwen3Config
+from izh_trio.engine.loader import ModelConfig
 from izh_trio.engine.models.layers import CpuRMSNorm
 from izh_trio.engine.models.qwen3 import Qwen3ForCausalLM, RMSNorm, RotaryEmbedding, apply_rope
 
@@ -142,7 +142,7 @@ def test_falls_back_to_torch(why: str, monkeypatch: pytest.MonkeyPatch) -> None:
     def cast(t: torch.Tensor) -> torch.Tensor:
         return t.to(dtype)
 
-    cfg = Qwen3Config(vocab_size=16, hidden_size=64, intermediate_size=32, num_hidden_layers=1,
+    cfg = ModelConfig(vocab_size=16, hidden_size=64, intermediate_size=32, num_hidden_layers=1,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                       rms_norm_eps=EPS, rope_theta=1e6, max_position_embeddings=64,
                       tie_word_embeddings=False, attention_bias=False, eos_token_ids=(),

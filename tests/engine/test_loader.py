@@ -10,8 +10,9 @@ import torch
 import transformers
 
 from izh_trio.engine.block_manager import BlockManager
-from izh_trio.engine.loader import CheckpointError, Qwen3Config
+from izh_trio.engine.loader import CheckpointError, ModelConfig
 from izh_trio.engine.model_runner import ModelRunner
+from izh_trio.engine.models import resolve
 from izh_trio.engine.scheduler import ScheduledSeq
 from izh_trio.engine.sequence import Sequence
 from izh_trio.wire import EngineConfig, SamplingParams
@@ -62,7 +63,7 @@ def test_old_config_spelling(tmp_path: Path, tiny_dir: Path) -> None:
     raw["rope_theta"] = theta
     raw["torch_dtype"] = raw.pop("dtype", "float32")
     (d / "config.json").write_text(json.dumps(raw))
-    cfg = Qwen3Config.from_dir(d)
+    cfg = ModelConfig.from_dir(d)
     assert cfg.rope_theta == 50000.0 and cfg.dtype == torch.float32
     torch.testing.assert_close(_last_logits(d), expected, atol=1e-4, rtol=0)
 
@@ -71,7 +72,7 @@ def test_bfloat16_checkpoint(tmp_path: Path, tiny_dir: Path) -> None:
     d = save_transformers_qwen3(tmp_path / "m", tiny_dir, dtype="bfloat16")
     model = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16)
     model.save_pretrained(d)
-    assert Qwen3Config.from_dir(d).dtype == torch.bfloat16
+    assert ModelConfig.from_dir(d).dtype == torch.bfloat16
     # bf16 rounding differs with operation order: compare to fp32 math on the same weights,
     # through prefill and through the decode path (which is not the fp32 CPU kernel's).
     for decode in (False, True):
@@ -83,7 +84,7 @@ def test_bfloat16_checkpoint(tmp_path: Path, tiny_dir: Path) -> None:
 
 
 def test_eos_ids_come_from_generation_config(hf_dir: Path) -> None:
-    assert Qwen3Config.from_dir(hf_dir).eos_token_ids == (1993, 1991)
+    assert ModelConfig.from_dir(hf_dir).eos_token_ids == (1993, 1991)
 
 
 @pytest.mark.parametrize("edit", [{"model_type": "llama"}, {"torch_dtype": "int8", "dtype": None},
@@ -94,4 +95,4 @@ def test_unsupported_configs_are_clear_errors(tmp_path: Path, hf_dir: Path, edit
     raw = {k: v for k, v in raw.items() if v is not None}
     (tmp_path / "config.json").write_text(json.dumps(raw))
     with pytest.raises(CheckpointError):
-        Qwen3Config.from_dir(tmp_path)
+        resolve(tmp_path)

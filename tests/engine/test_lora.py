@@ -15,7 +15,7 @@ import torch
 
 from izh_trio.engine.block_manager import BlockManager
 from izh_trio.engine.core import EngineCore
-from izh_trio.engine.loader import Qwen3Config
+from izh_trio.engine.loader import ModelConfig
 from izh_trio.engine.lora.adapter import LoraError, LoraTargets, load_adapter, read_config
 from izh_trio.engine.model_runner import ModelRunner
 from izh_trio.engine.models.qwen3 import Qwen3ForCausalLM
@@ -242,7 +242,7 @@ def test_an_embedding_weight_is_refused(base: Path, adapters: dict[str, Path],
     weights["base_model.model.model.embed_tokens.lora_embedding_A"] = torch.zeros(4, 2000)
     save_file(weights, bad / "adapter_model.safetensors")
     with pytest.raises(LoraError, match=r"'emb'.*unsupported weight .*embed_tokens"):
-        targets = LoraTargets.of(Qwen3ForCausalLM, Qwen3Config.from_dir(base))
+        targets = LoraTargets.of(Qwen3ForCausalLM, ModelConfig.from_dir(base))
         load_adapter("emb", bad, targets, None, torch.float32)
 
 

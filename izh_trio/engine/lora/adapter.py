@@ -18,7 +18,7 @@ import attrs
 import torch
 from safetensors import safe_open
 
-from izh_trio.engine.loader import Qwen3Config
+from izh_trio.engine.loader import ModelConfig
 from izh_trio.engine.models.base import CausalLM
 
 
@@ -36,7 +36,7 @@ class LoraTargets:
     owner: dict[str, tuple[str, int]]
 
     @classmethod
-    def of(cls, model: type[CausalLM], cfg: Qwen3Config) -> LoraTargets:
+    def of(cls, model: type[CausalLM], cfg: ModelConfig) -> LoraTargets:
         shapes = model.decoder_linears(cfg)
         packed = {part for parts in model.packed_modules.values() for part in parts}
         parts = {**model.packed_modules, **{n: (n,) for n in shapes if n not in packed}}

@@ -11,7 +11,7 @@ from torch import nn
 
 from izh_trio.engine import cpu_fused
 from izh_trio.engine.attention import AttentionBackend, AttentionMetadata
-from izh_trio.engine.loader import CheckpointError, Qwen3Config
+from izh_trio.engine.loader import CheckpointError, ModelConfig
 
 M = TypeVar("M", bound=nn.Module)
 
@@ -29,13 +29,13 @@ class CausalLM(nn.Module):
     #: only (same parameters and children): swapped in at load by ``use_cpu_twins``.
     cpu_twins: ClassVar[Mapping[type[nn.Module], type[nn.Module]]] = {}
 
-    def __init__(self, cfg: Qwen3Config, max_positions: int) -> None:
+    def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
         """``max_positions``: the longest sequence it will run (rotary tables are sized so)."""
         super().__init__()
         self.config = cfg
 
     @staticmethod
-    def decoder_linears(cfg: Qwen3Config) -> dict[str, tuple[int, int]]:
+    def decoder_linears(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
         """(in, out) features of each linear of a decoder layer, by its checkpoint name: the
         modules a LoRA adapter may target."""
         raise NotImplementedError

@@ -7,10 +7,13 @@ at load time where they run (``CausalLM.use_cpu_twins``).
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
 from izh_trio.engine import cpu_fused
+from izh_trio.engine.loader import RopeScaling
 
 
 class RMSNorm(nn.Module):
@@ -45,16 +48,36 @@ class CpuRMSNorm(RMSNorm):
 Rotation = tuple[torch.Tensor, torch.Tensor]  # cos, sin: [T, 1, D]
 
 
+def inv_frequencies(head_dim: int, rope: RopeScaling) -> torch.Tensor:
+    """RoPE's inverse frequencies [head_dim / 2] for a checkpoint's rope type: ``linear``
+    divides every one by the factor; ``llama3`` divides the low ones (wavelengths longer than
+    the original context over ``low_freq_factor``), keeps the high ones, and blends between."""
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    inv_freq = 1.0 / (rope.theta**exponent)
+    if rope.kind == "linear":
+        return inv_freq / rope.get("factor")
+    if rope.kind == "llama3":
+        factor, old = rope.get("factor"), rope.get("original_max_position_embeddings")
+        low, high = rope.get("low_freq_factor"), rope.get("high_freq_factor")
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
+        smooth = (old / wavelen - low) / (high - low)
+        blended = (1 - smooth) * scaled / factor + smooth * scaled
+        between = (wavelen >= old / high) & (wavelen <= old / low)
+        return torch.where(between, blended, scaled)
+    return inv_freq
+
+
 class RotaryEmbedding(nn.Module):
     """cos/sin for every position, computed once in fp32 (as transformers does)."""
 
     cos: torch.Tensor
     sin: torch.Tensor
 
-    def __init__(self, head_dim: int, theta: float, max_positions: int) -> None:
+    def __init__(self, head_dim: int, rope: float | RopeScaling, max_positions: int) -> None:
         super().__init__()
-        exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
-        inv_freq = 1.0 / (theta**exponent)
+        rope = rope if isinstance(rope, RopeScaling) else RopeScaling(float(rope))
+        inv_freq = inv_frequencies(head_dim, rope)
         freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos", emb.cos(), persistent=False)

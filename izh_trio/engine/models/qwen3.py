@@ -19,7 +19,7 @@ from torch import nn
 
 from izh_trio.engine import cpu_fused
 from izh_trio.engine.attention import AttentionMetadata
-from izh_trio.engine.loader import Qwen3Config
+from izh_trio.engine.loader import ModelConfig
 from izh_trio.engine.models.base import CausalLM
 from izh_trio.engine.models.layers import (
     CpuRMSNorm,
@@ -33,7 +33,7 @@ KVCache = tuple[torch.Tensor, torch.Tensor]  # one layer's K and V: [blocks, blo
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: Qwen3Config) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = cfg.head_dim
@@ -79,7 +79,7 @@ class CpuAttention(Attention):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: Qwen3Config) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
@@ -90,7 +90,7 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: Qwen3Config) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg)
@@ -111,9 +111,9 @@ class Qwen3ForCausalLM(CausalLM):
     }
     cpu_twins = {RMSNorm: CpuRMSNorm, Attention: CpuAttention}
 
-    def __init__(self, cfg: Qwen3Config, max_positions: int) -> None:
+    def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
         super().__init__(cfg, max_positions)
-        self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, max_positions)
+        self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope or cfg.rope_theta, max_positions)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -122,7 +122,7 @@ class Qwen3ForCausalLM(CausalLM):
             self.lm_head.weight = self.embed_tokens.weight
 
     @staticmethod
-    def decoder_linears(cfg: Qwen3Config) -> dict[str, tuple[int, int]]:
+    def decoder_linears(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
         q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
         h, i = cfg.hidden_size, cfg.intermediate_size
         return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),

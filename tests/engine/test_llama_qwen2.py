@@ -1,0 +1,133 @@
+"""Llama and Qwen2 checkpoints made by transformers' own classes: our fp32 logits against
+theirs (every prompt position, and decode through the paged cache), greedy tokens against
+``generate``, and the families the registry knows."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from izh_trio.engine.block_manager import BlockManager
+from izh_trio.engine.core import EngineCore
+from izh_trio.engine.loader import CheckpointError
+from izh_trio.engine.models import FAMILIES, resolve
+from izh_trio.engine.scheduler import ScheduledSeq
+from izh_trio.engine.sequence import Sequence
+from izh_trio.wire import AddRequest, EngineConfig, SamplingParams
+from tests.conftest import TOKENIZER_FILES
+
+PROMPTS = [[3, 141, 59, 265, 358, 979, 323, 846], list(range(40, 140)), [1200, 7]]
+BASE = dict(vocab_size=2000, hidden_size=128, intermediate_size=384, num_hidden_layers=2,
+            max_position_embeddings=512, rope_theta=10000.0, eos_token_id=1993,
+            bos_token_id=1991, initializer_range=0.05)
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+SHAPES = {
+    "llama-gqa-tied": ("LlamaConfig", "LlamaForCausalLM",
+                       dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                            tie_word_embeddings=True)),
+    "llama-mha-biases-llama3": ("LlamaConfig", "LlamaForCausalLM",
+                                dict(num_attention_heads=4, num_key_value_heads=4,
+                                     attention_bias=True, mlp_bias=True,
+                                     tie_word_embeddings=False, rope_scaling=LLAMA3_ROPE)),
+    "llama-linear-rope": ("LlamaConfig", "LlamaForCausalLM",
+                          dict(num_attention_heads=4, num_key_value_heads=1,
+                               tie_word_embeddings=False,
+                               rope_scaling={"rope_type": "linear", "factor": 2.0})),
+    "qwen2-gqa": ("Qwen2Config", "Qwen2ForCausalLM",
+                  dict(num_attention_heads=4, num_key_value_heads=2,
+                       tie_word_embeddings=False)),
+    "qwen2-tied": ("Qwen2Config", "Qwen2ForCausalLM",
+                   dict(num_attention_heads=8, num_key_value_heads=2,
+                        tie_word_embeddings=True)),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(SHAPES))
+def family_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+               tiny_dir: Path) -> Path:
+    config_cls, model_cls, fields = SHAPES[request.param]
+    config = getattr(transformers, config_cls)(**BASE, **fields)
+    torch.manual_seed(7)
+    model = getattr(transformers, model_cls)(config)
+    with torch.no_grad():  # biases start at zero: give them values, so they must be loaded
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.normal_(0, 0.05)
+    out = tmp_path_factory.mktemp("families") / request.param
+    model.save_pretrained(out)
+    for name in TOKENIZER_FILES:
+        shutil.copy(tiny_dir / name, out / name)
+    return out
+
+
+def _reference(model_dir: Path, ids: list[int]) -> torch.Tensor:
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.inference_mode():
+        return model(torch.tensor([ids])).logits[0]
+
+
+def _ours(core: EngineCore, ids: list[int]) -> torch.Tensor:
+    """Logits at every position: all but the last token prefilled (scored as prompt logprobs
+    are), the last decoded through the paged cache."""
+    runner = core.runner
+    seq = Sequence(request_id="f", token_ids=list(ids), params=SamplingParams(prompt_logprobs=0),
+                   stop_token_ids=frozenset())
+    bm = BlockManager(runner.num_blocks, runner.block_size)
+    assert bm.allocate_slots(seq, len(ids))
+    prefill = runner.execute([ScheduledSeq(seq, len(ids) - 1)])
+    seq.num_computed_tokens = len(ids) - 1
+    last = runner.execute([ScheduledSeq(seq, 1)]).sample[0]
+    return torch.cat([prefill.prompt[seq].float(), last[None].float()])
+
+
+def _engine(model_dir: Path, **cfg: object) -> EngineCore:
+    return EngineCore(EngineConfig(model_dir=str(model_dir), num_kv_blocks=96, block_size=8,
+                                   **cfg))
+
+
+def test_logits_match_transformers(family_dir: Path) -> None:
+    core = _engine(family_dir)
+    expected = json.loads((family_dir / "config.json").read_text())["architectures"][0]
+    assert type(core.runner.model).__name__ == expected
+    for ids in PROMPTS:
+        torch.testing.assert_close(_ours(core, ids), _reference(family_dir, ids),
+                                   atol=1e-4, rtol=0)
+
+
+def test_greedy_tokens_match_generate_alone_and_in_a_batch(family_dir: Path) -> None:
+    model = transformers.AutoModelForCausalLM.from_pretrained(family_dir, dtype=torch.float32)
+    want = {}
+    for i, ids in enumerate(PROMPTS):
+        with torch.inference_mode():
+            out = model.generate(torch.tensor([ids]), max_new_tokens=10, do_sample=False,
+                                 eos_token_id=None, pad_token_id=0)
+        want[f"g{i}"] = out[0, len(ids):].tolist()
+    core = _engine(family_dir, max_num_batched_tokens=64)  # chunked prefill for the long one
+    got: dict[str, list[int]] = {k: [] for k in want}
+    for i, ids in enumerate(PROMPTS):  # all at once: a mixed batch
+        core.add_request(AddRequest(f"g{i}", ids, SamplingParams(max_tokens=10,
+                                                                 temperature=0.0,
+                                                                 ignore_eos=True)))
+    while core.has_work:
+        for o in core.step():
+            got[o.request_id] += o.new_token_ids
+    assert got == want
+
+
+def test_an_unknown_architecture_is_named_with_the_supported_ones(tmp_path: Path,
+                                                                  hf_dir: Path) -> None:
+    shutil.copytree(hf_dir, tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    config["architectures"] = ["GPTNeoXForCausalLM"]
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError) as err:
+        resolve(tmp_path / "m")
+    assert "GPTNeoXForCausalLM" in str(err.value)
+    assert all(name in str(err.value) for name in FAMILIES)
+    assert "\n" not in str(err.value)
