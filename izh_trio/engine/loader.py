@@ -25,12 +25,14 @@ class CheckpointError(ValueError):
     """The directory is not a checkpoint we can serve; the message says why."""
 
 
-#: rope_type -> the keys of its parameters in config.json (beside ``rope_type`` and theta).
+#: rope_type -> the keys of its parameters config.json must give (beside ``rope_type`` and
+#: theta); optional ones (yarn's ``beta_fast``...) are read where present.
 ROPE_TYPES: dict[str, tuple[str, ...]] = {
     "default": (),
     "linear": ("factor",),
     "llama3": ("factor", "low_freq_factor", "high_freq_factor",
                "original_max_position_embeddings"),
+    "yarn": ("factor",),
 }
 
 
@@ -40,11 +42,14 @@ class RopeScaling:
 
     theta: float
     kind: str = "default"
-    #: The scaling's parameters, as config.json names them (``factor``...).
+    #: The scaling's numeric parameters, as config.json names them (``factor``...).
     params: tuple[tuple[str, float], ...] = ()
 
-    def get(self, key: str) -> float:
-        return dict(self.params)[key]
+    def get(self, key: str, default: float | None = None) -> float:
+        value = dict(self.params).get(key, default)
+        if value is None:
+            raise KeyError(key)
+        return value
 
     @classmethod
     def from_config(cls, raw: dict[str, Any]) -> RopeScaling:
@@ -59,7 +64,14 @@ class RopeScaling:
         if missing:
             raise CheckpointError(f"rope_type {kind!r} needs {', '.join(missing)}")
         theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
-        return cls(float(theta), kind, tuple((k, float(rope[k])) for k in ROPE_TYPES[kind]))
+        params = {k: float(v) for k, v in rope.items() if k not in ("rope_theta", "rope_type")
+                  and isinstance(v, int | float) and not isinstance(v, bool)}
+        if kind != "default":  # yarn, llama3: the context they were trained on, by default
+            params.setdefault("original_max_position_embeddings",
+                              float(raw.get("max_position_embeddings", 32768)))
+            if isinstance(rope.get("truncate"), bool):
+                params["truncate"] = float(rope["truncate"])
+        return cls(float(theta), kind, tuple(sorted(params.items())))
 
 
 @attrs.frozen

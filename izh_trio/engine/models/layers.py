@@ -48,14 +48,18 @@ class CpuRMSNorm(RMSNorm):
 Rotation = tuple[torch.Tensor, torch.Tensor]  # cos, sin: [T, 1, D]
 
 
-def inv_frequencies(head_dim: int, rope: RopeScaling) -> torch.Tensor:
-    """RoPE's inverse frequencies [head_dim / 2] for a checkpoint's rope type: ``linear``
-    divides every one by the factor; ``llama3`` divides the low ones (wavelengths longer than
-    the original context over ``low_freq_factor``), keeps the high ones, and blends between."""
+def inv_frequencies(head_dim: int, rope: RopeScaling) -> tuple[torch.Tensor, float]:
+    """RoPE's inverse frequencies [head_dim / 2] for a checkpoint's rope type, and the factor
+    cos and sin are scaled by (1 but for yarn). ``linear`` divides every frequency by the
+    factor; ``llama3`` divides the low ones (wavelengths longer than the original context over
+    ``low_freq_factor``), keeps the high ones and blends between; ``yarn`` interpolates the
+    dimensions that turn fewer than ``beta_slow`` times over the original context, keeps those
+    turning more than ``beta_fast`` times, ramps between, and scales attention by
+    ``0.1 ln(factor) + 1``."""
     exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
     inv_freq = 1.0 / (rope.theta**exponent)
     if rope.kind == "linear":
-        return inv_freq / rope.get("factor")
+        return inv_freq / rope.get("factor"), 1.0
     if rope.kind == "llama3":
         factor, old = rope.get("factor"), rope.get("original_max_position_embeddings")
         low, high = rope.get("low_freq_factor"), rope.get("high_freq_factor")
@@ -64,8 +68,36 @@ def inv_frequencies(head_dim: int, rope: RopeScaling) -> torch.Tensor:
         smooth = (old / wavelen - low) / (high - low)
         blended = (1 - smooth) * scaled / factor + smooth * scaled
         between = (wavelen >= old / high) & (wavelen <= old / low)
-        return torch.where(between, blended, scaled)
-    return inv_freq
+        return torch.where(between, blended, scaled), 1.0
+    if rope.kind == "yarn":
+        return _yarn(head_dim, rope)
+    return inv_freq, 1.0
+
+
+def _yarn(head_dim: int, rope: RopeScaling) -> tuple[torch.Tensor, float]:
+    factor, old = rope.get("factor"), rope.get("original_max_position_embeddings")
+
+    def dim_turning(turns: float) -> float:  # the dimension that turns ``turns`` times
+        return head_dim * math.log(old / (turns * 2 * math.pi)) / (2 * math.log(rope.theta))
+
+    low, high = dim_turning(rope.get("beta_fast", 32.0)), dim_turning(rope.get("beta_slow", 1.0))
+    if rope.get("truncate", 1.0):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    high = high + 0.001 if low == high else high
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # 1: the dimension keeps its frequency; 0: it is interpolated
+    powers = rope.theta ** (torch.arange(0, head_dim, 2).float() / head_dim)
+    inv_freq = (1.0 / (factor * powers)) * (1 - keep) + (1.0 / powers) * keep
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention = dict(rope.params).get("attention_factor")
+    if attention is None:
+        m, m_all = dict(rope.params).get("mscale"), dict(rope.params).get("mscale_all_dim")
+        attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+    return inv_freq, attention
 
 
 class RotaryEmbedding(nn.Module):
@@ -77,11 +109,11 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, rope: float | RopeScaling, max_positions: int) -> None:
         super().__init__()
         rope = rope if isinstance(rope, RopeScaling) else RopeScaling(float(rope))
-        inv_freq = inv_frequencies(head_dim, rope)
+        inv_freq, scale = inv_frequencies(head_dim, rope)
         freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
+        self.register_buffer("cos", emb.cos() * scale, persistent=False)
+        self.register_buffer("sin", emb.sin() * scale, persistent=False)
 
     def table(self, positions: torch.Tensor, dtype: torch.dtype) -> Rotation:
         """cos/sin of this step's positions, looked up once and shared by every layer."""
