@@ -88,7 +88,8 @@ def test_eos_ids_come_from_generation_config(hf_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("edit", [{"model_type": "llama"}, {"torch_dtype": "int8", "dtype": None},
-                                  {"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}])
+                                  {"rope_parameters": {"rope_type": "longrope", "factor": 4.0}},
+                                  {"rope_parameters": {"rope_type": "llama3", "factor": 8.0}}])
 def test_unsupported_configs_are_clear_errors(tmp_path: Path, hf_dir: Path, edit: dict) -> None:
     raw = json.loads((hf_dir / "config.json").read_text())
     raw.update(edit)
