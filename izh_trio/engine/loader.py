@@ -97,10 +97,21 @@ class ModelConfig:
     qkv_bias: bool = False  #: biases on q, k and v only (Qwen2)
     mlp_bias: bool = False
     rope: RopeScaling | None = None  #: None: plain RoPE at ``rope_theta``
+    #: Every layer's attention sees the last this many tokens only (Mistral); None: all.
+    sliding_window: int | None = None
 
     @classmethod
-    def from_dir(cls, model_dir: Path, **switches: Any) -> ModelConfig:
+    def from_dir(cls, model_dir: Path, *, windowed: bool = False, **switches: Any
+                 ) -> ModelConfig:
+        """The config; ``windowed``: the family reads ``sliding_window`` (Mistral's), others
+        refuse a window they would not apply (Qwen2's ``use_sliding_window``)."""
         raw = config_json(model_dir)
+        window = raw.get("sliding_window") if windowed else None
+        if window is not None and (not isinstance(window, int) or window < 1):
+            raise CheckpointError(f"sliding_window {window!r} is not a positive integer")
+        if raw.get("use_sliding_window"):
+            raise CheckpointError("use_sliding_window (windows on some layers only) is not "
+                                  "supported")
         arch = (raw.get("architectures") or ["Qwen3ForCausalLM"])[0]
         heads = raw["num_attention_heads"]
         rope = RopeScaling.from_config(raw)
@@ -125,6 +136,7 @@ class ModelConfig:
             architecture=arch,
             mlp_bias=raw.get("mlp_bias", False),
             rope=rope,
+            sliding_window=window,
             **switches,
         )
 

@@ -54,7 +54,8 @@ class ModelRunner:
             torch.cuda.set_device(self.device)  # triton launches on the current device
         self.dtype = resolve_dtype(config.dtype, cfg.dtype, self.device)
         self.block_size = config.block_size
-        self.attention = get_backend(config.attention_backend, self.device, self.dtype)
+        self.attention = get_backend(config.attention_backend, self.device, self.dtype,
+                                     windowed=cfg.sliding_window is not None)
         wanted_len = config.max_model_len or cfg.max_position_embeddings
         if wanted_len > cfg.max_position_embeddings:  # RoPE was trained up to there, no further
             raise ValueError(f"max_model_len {wanted_len} is longer than the checkpoint's "
@@ -142,7 +143,7 @@ class ModelRunner:
         caches = self._allocate_caches(blocks)
         step = StepAttention(slots=list(range(n)),
                              prefills=[ChunkSpec(0, n, n, list(range(blocks)))], decodes=[],
-                             block_size=bs)
+                             block_size=bs, window=self.model_config.sliding_window)
         meta = self.attention.build_metadata(step, self.device,
                                              self.model_config.num_key_value_heads)
         ids = torch.zeros(n, dtype=torch.long, device=self.device)
@@ -220,7 +221,7 @@ class ModelRunner:
         return _StepInputs(
             input_ids=input_ids, positions=positions,
             attention=StepAttention(slots=slots, prefills=prefill_chunks, decodes=decode_chunks,
-                                    block_size=bs),
+                                    block_size=bs, window=self.model_config.sliding_window),
             sample_rows=sample_rows, sampling=sampling,
             prompt_rows=prompt_rows, lora_spans=lora_spans,
         )

@@ -21,7 +21,8 @@ from izh_trio.engine.sequence import Sequence
 from izh_trio.wire import AddRequest, EngineConfig, SamplingParams
 from tests.conftest import TOKENIZER_FILES
 
-PROMPTS = [[3, 141, 59, 265, 358, 979, 323, 846], list(range(40, 140)), [1200, 7]]
+PROMPTS = [[3, 141, 59, 265, 358, 979, 323, 846], list(range(40, 140)), [1200, 7],
+           [(7 * i) % 1900 + 50 for i in range(200)]]  # 200 tokens: far past a 32-token window
 BASE = dict(vocab_size=2000, hidden_size=128, intermediate_size=384, num_hidden_layers=2,
             max_position_embeddings=512, rope_theta=10000.0, eos_token_id=1993,
             bos_token_id=1991, initializer_range=0.05)
@@ -47,6 +48,9 @@ SHAPES = {
                         tie_word_embeddings=False,
                         rope_scaling={"rope_type": "yarn", "factor": 4.0,
                                       "original_max_position_embeddings": 64})),
+    "mistral-window-32": ("MistralConfig", "MistralForCausalLM",
+                          dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                               tie_word_embeddings=False, sliding_window=32)),
     "qwen2-tied": ("Qwen2Config", "Qwen2ForCausalLM",
                    dict(num_attention_heads=8, num_key_value_heads=2,
                         tie_word_embeddings=True)),

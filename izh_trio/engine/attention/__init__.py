@@ -30,10 +30,17 @@ __all__ = ["BACKEND_NAMES", "TORCH_BACKEND", "AttentionBackend", "AttentionMetad
 BACKEND_NAMES = ATTENTION_BACKENDS
 
 
-def get_backend(name: str, device: torch.device, dtype: torch.dtype) -> AttentionBackend:
-    """The backend for setting ``name`` on ``device`` with the model in ``dtype``."""
+def get_backend(name: str, device: torch.device, dtype: torch.dtype,
+                windowed: bool = False) -> AttentionBackend:
+    """The backend for setting ``name`` on ``device`` with the model in ``dtype``; a model with
+    a sliding window (``windowed``) runs on torch's, the one whose masks know windows."""
     if name not in BACKEND_NAMES:
         raise ValueError(f"unknown attention backend {name!r}; expected one of {BACKEND_NAMES}")
+    if windowed:
+        if name not in ("auto", "torch"):
+            raise ValueError(f"attention backend {name!r} has no sliding window; this model "
+                             "needs one (use auto or torch)")
+        return TORCH_BACKEND
     if name == "triton" or (name == "auto" and device.type == "cuda"):
         from izh_trio.engine.attention.triton import TRITON_BACKEND  # imports triton itself
 

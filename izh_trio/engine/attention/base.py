@@ -35,6 +35,8 @@ class StepAttention:
     prefills: list[ChunkSpec]
     decodes: list[ChunkSpec]  # query_len 1 each
     block_size: int
+    #: A sliding window: a query at position p sees the keys at (p - window, p]; None: all.
+    window: int | None = None
 
     @property
     def num_prefill_tokens(self) -> int:

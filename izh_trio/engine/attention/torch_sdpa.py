@@ -2,7 +2,8 @@
 
 Decodes are batched into one SDPA call with an additive mask built once per step; prefill
 chunks run one SDPA call each: a fresh chunk (nothing cached before it) attends to its own
-K/V, one continuing a cached prefix reads the prefix out of the paged cache.
+K/V, one continuing a cached prefix reads the prefix out of the paged cache. A sliding window
+(Mistral's) is one more condition in each mask: a query at p sees the keys at (p - W, p].
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ class PrefillChunk:
     #: [num_blocks] int64; None for a fresh chunk (nothing cached before it), which attends
     #: to its own K/V and never reads the cache
     block_table: torch.Tensor | None
+    window: int | None = None
 
     @classmethod
     def of(cls, query_start: int, query_len: int, context_len: int, block_table: list[int],
-           device: torch.device) -> PrefillChunk:
+           device: torch.device, window: int | None = None) -> PrefillChunk:
         return cls(query_start, query_len, context_len,
-                   long_tensor(block_table, device) if context_len > query_len else None)
+                   long_tensor(block_table, device) if context_len > query_len else None,
+                   window)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                v_cache: torch.Tensor, scale: float, out: torch.Tensor) -> None:
@@ -36,12 +39,13 @@ class PrefillChunk:
         qc = q[s : s + n].transpose(0, 1).unsqueeze(0)  # [1, H_q, n, D]
         if self.block_table is None:  # nothing cached before it: attend to the fresh K/V
             kc, vc, mask, causal = k[s : s + n], v[s : s + n], None, True
+            if self.window is not None and n > self.window:
+                mask, causal = _visible(torch.arange(n, device=q.device), n, self.window), False
         else:
             ctx = self.context_len
             kc = _gather(k_cache, self.block_table)[:ctx]
             vc = _gather(v_cache, self.block_table)[:ctx]
-            rows = torch.arange(ctx - n, ctx, device=q.device).unsqueeze(1)
-            mask = torch.arange(ctx, device=q.device).unsqueeze(0) <= rows
+            mask = _visible(torch.arange(ctx - n, ctx, device=q.device), ctx, self.window)
             causal = False
         o = F.scaled_dot_product_attention(
             qc, kc.transpose(0, 1).unsqueeze(0), vc.transpose(0, 1).unsqueeze(0),
@@ -107,10 +111,11 @@ class TorchBackend:
             flat = padded_tables(step.decodes, width)
             decode_tables = long_tensor(flat, device).view(len(step.decodes), width)
             ctx = long_tensor([c.context_len for c in step.decodes], device)
-            decode_bias = _decode_bias(ctx, width * step.block_size)
+            decode_bias = _decode_bias(ctx, width * step.block_size, step.window)
         return SdpaMetadata(
             slot_mapping=long_tensor(step.slots, device),
-            prefills=tuple(PrefillChunk.of(*c, device=device) for c in step.prefills),
+            prefills=tuple(PrefillChunk.of(*c, device=device, window=step.window)
+                           for c in step.prefills),
             num_prefill_tokens=step.num_prefill_tokens,
             decode_block_tables=decode_tables,
             decode_bias=decode_bias,
@@ -120,10 +125,18 @@ class TorchBackend:
 TORCH_BACKEND = TorchBackend()
 
 
-def _decode_bias(context_lens: torch.Tensor, width: int) -> torch.Tensor:
-    positions = torch.arange(width, device=context_lens.device)
-    past = (positions[None, :] >= context_lens[:, None])[:, None, None, :]
-    return torch.zeros(past.shape, device=context_lens.device).masked_fill_(past, float("-inf"))
+def _visible(rows: torch.Tensor, keys: int, window: int | None) -> torch.Tensor:
+    """[len(rows), keys] bool: which keys a query at each position in ``rows`` sees."""
+    key = torch.arange(keys, device=rows.device).unsqueeze(0)
+    seen = key <= rows.unsqueeze(1)
+    return seen if window is None else seen & (key > rows.unsqueeze(1) - window)
+
+
+def _decode_bias(context_lens: torch.Tensor, width: int, window: int | None = None
+                 ) -> torch.Tensor:
+    hidden = ~_visible(context_lens - 1, width, window)[:, None, None, :]
+    return torch.zeros(hidden.shape, device=context_lens.device).masked_fill_(hidden,
+                                                                                float("-inf"))
 
 
 def _gather(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:

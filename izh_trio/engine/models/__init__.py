@@ -15,7 +15,11 @@ import attrs
 
 from izh_trio.engine.loader import CheckpointError, ModelConfig, config_json
 from izh_trio.engine.models.base import CausalLM
-from izh_trio.engine.models.llama import LlamaForCausalLM, Qwen2ForCausalLM
+from izh_trio.engine.models.llama import (
+    LlamaForCausalLM,
+    MistralForCausalLM,
+    Qwen2ForCausalLM,
+)
 from izh_trio.engine.models.qwen3 import Qwen3ForCausalLM
 
 
@@ -32,6 +36,8 @@ FAMILIES: dict[str, ModelFamily] = {
     "LlamaForCausalLM": ModelFamily("llama", ModelConfig.from_dir, LlamaForCausalLM),
     "Qwen2ForCausalLM": ModelFamily("qwen2", partial(ModelConfig.from_dir, qkv_bias=True),
                                     Qwen2ForCausalLM),
+    "MistralForCausalLM": ModelFamily("mistral", partial(ModelConfig.from_dir, windowed=True),
+                                      MistralForCausalLM),
 }
 #: A config.json without ``architectures`` names its family by ``model_type`` alone.
 BY_MODEL_TYPE = {family.model_type: name for name, family in FAMILIES.items()}

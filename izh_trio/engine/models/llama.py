@@ -1,5 +1,6 @@
-"""Llama for causal LM (Llama 2 and 3), reading top-down like the architecture; Qwen2 is the
-same with biases on q, k and v (``ModelConfig.qkv_bias``, set by its reader).
+"""Llama for causal LM (Llama 2 and 3), reading top-down like the architecture. Qwen2 is the
+same with biases on q, k and v, Mistral with a sliding window (``ModelConfig.qkv_bias``,
+``sliding_window``: set by their readers; the window is the attention backend's to apply).
 
 Embedding -> N x [RMSNorm -> attention (RoPE, GQA, paged KV) -> residual -> RMSNorm ->
 SwiGLU MLP -> residual] -> RMSNorm -> LM head (tied or not). Unlike Qwen3 there is no norm on
@@ -120,3 +121,7 @@ class LlamaForCausalLM(CausalLM):
 
 class Qwen2ForCausalLM(LlamaForCausalLM):
     """Qwen2 and Qwen2.5: Llama's architecture with biases on q, k and v."""
+
+
+class MistralForCausalLM(LlamaForCausalLM):
+    """Mistral: Llama's architecture, each query seeing the last ``sliding_window`` tokens."""
