@@ -75,6 +75,34 @@ class RopeScaling:
 
 
 @attrs.frozen
+class MoeConfig:
+    """A mixture of experts (Qwen3-MoE): which layers have one, and how it routes."""
+
+    num_experts: int
+    top_k: int  #: experts a token goes to
+    intermediate_size: int  #: each expert's
+    norm_topk_prob: bool  #: the top-k weights renormalised to sum to 1
+    decoder_sparse_step: int = 1  #: every this-many-th layer has a mixture ...
+    mlp_only_layers: tuple[int, ...] = ()  #: ... but these, which keep a dense MLP
+
+    def sparse(self, layer: int) -> bool:
+        return layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
+
+    @classmethod
+    def from_config(cls, raw: dict[str, Any]) -> MoeConfig:
+        try:
+            return cls(int(raw.get("num_experts") or raw["num_local_experts"]),
+                       int(raw["num_experts_per_tok"]),
+                       int(raw["moe_intermediate_size"]), bool(raw.get("norm_topk_prob", False)),
+                       int(raw.get("decoder_sparse_step", 1) or 1),
+                       tuple(int(i) for i in raw.get("mlp_only_layers") or ()))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"a mixture of experts needs num_experts, "
+                                  f"num_experts_per_tok and moe_intermediate_size ({exc})") \
+                from None
+
+
+@attrs.frozen
 class ModelConfig:
     """What the engine reads of a checkpoint's config.json, whatever its family; a family's
     reader (``models.FAMILIES``) sets the switches its architecture has."""
@@ -99,13 +127,17 @@ class ModelConfig:
     rope: RopeScaling | None = None  #: None: plain RoPE at ``rope_theta``
     #: Every layer's attention sees the last this many tokens only (Mistral); None: all.
     sliding_window: int | None = None
+    moe: MoeConfig | None = None  #: the layers' mixtures of experts (Qwen3-MoE)
 
     @classmethod
-    def from_dir(cls, model_dir: Path, *, windowed: bool = False, **switches: Any
-                 ) -> ModelConfig:
+    def from_dir(cls, model_dir: Path, *, windowed: bool = False, experts: bool = False,
+                 **switches: Any) -> ModelConfig:
         """The config; ``windowed``: the family reads ``sliding_window`` (Mistral's), others
-        refuse a window they would not apply (Qwen2's ``use_sliding_window``)."""
+        refuse a window they would not apply (Qwen2's ``use_sliding_window``); ``experts``:
+        it reads its mixture of experts."""
         raw = config_json(model_dir)
+        if experts:
+            switches["moe"] = MoeConfig.from_config(raw)
         window = raw.get("sliding_window") if windowed else None
         if window is not None and (not isinstance(window, int) or window < 1):
             raise CheckpointError(f"sliding_window {window!r} is not a positive integer")

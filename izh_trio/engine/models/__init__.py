@@ -21,6 +21,7 @@ from izh_trio.engine.models.llama import (
     Qwen2ForCausalLM,
 )
 from izh_trio.engine.models.qwen3 import Qwen3ForCausalLM
+from izh_trio.engine.models.qwen3_moe import Qwen3MoeForCausalLM
 
 
 @attrs.frozen
@@ -38,6 +39,8 @@ FAMILIES: dict[str, ModelFamily] = {
                                     Qwen2ForCausalLM),
     "MistralForCausalLM": ModelFamily("mistral", partial(ModelConfig.from_dir, windowed=True),
                                       MistralForCausalLM),
+    "Qwen3MoeForCausalLM": ModelFamily("qwen3_moe", partial(ModelConfig.from_dir, experts=True),
+                                       Qwen3MoeForCausalLM),
 }
 #: A config.json without ``architectures`` names its family by ``model_type`` alone.
 BY_MODEL_TYPE = {family.model_type: name for name, family in FAMILIES.items()}

@@ -57,10 +57,22 @@ class CausalLM(nn.Module):
         part_of = {part: (packed, i) for packed, parts in self.packed_modules.items()
                    for i, part in enumerate(parts)}
         pending: dict[str, dict[int, torch.Tensor]] = {}
+        stacked: dict[str, int] = {}  # pieces copied into each stacked parameter
         loaded: set[str] = set()
         for hf_name, tensor in weights:
             name = hf_name.removeprefix("model.")
             if name == "lm_head.weight" and tied:
+                continue
+            slot = self.stacked_slot(name)
+            if slot is not None:  # one piece of a parameter that stacks many (MoE experts)
+                name, index, pieces = slot
+                if name not in params or params[name][index].shape != tensor.shape:
+                    raise CheckpointError(f"unexpected weight {hf_name!r}")
+                with torch.no_grad():
+                    params[name][index].copy_(tensor)
+                stacked[name] = stacked.get(name, 0) + 1
+                if stacked[name] == pieces:
+                    loaded.add(name)
                 continue
             parts = name.split(".")
             if len(parts) >= 2 and parts[-2] in part_of:
@@ -84,6 +96,12 @@ class CausalLM(nn.Module):
         missing = set(params) - loaded - ({"lm_head.weight"} if tied else set())
         if missing or pending:
             raise CheckpointError(f"checkpoint lacks weights: {sorted(missing | set(pending))}")
+
+    def stacked_slot(self, name: str) -> tuple[str, tuple[int | slice, ...], int] | None:
+        """Where a checkpoint tensor goes inside one of our parameters that stacks many of
+        them (a mixture's experts): the parameter, the index of the piece in it, and how
+        many pieces fill it. None: the tensor is a parameter of its own (the default)."""
+        return None
 
     def use_cpu_twins(self, attention: AttentionBackend) -> int:
         """Swap every module with a twin in ``cpu_twins`` for it where the kernels can run:
