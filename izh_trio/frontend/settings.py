@@ -53,7 +53,7 @@ class Settings:
 
     # setting() is attrs.field with metadata: a field, not a shared default (RUF009).
     model_dir: Path | None = setting(  # noqa: RUF009
-        None, "Hugging Face Qwen3 directory (default: the embedded tiny model, built once and "
+        None, "Hugging Face checkpoint directory (default: the embedded tiny model, built once and "
         "cached)", converter=_optional_path)
     served_model_name: str | None = setting(
         None, "the model's name in the API (default: the model directory's name)",
