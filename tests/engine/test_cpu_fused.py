@@ -18,8 +18,8 @@ from izh_trio.engine import cpu_fused
 from izh_trio.engine.attention import TORCH_BACKEND, StepAttention
 from izh_trio.engine.attention.torch_sdpa import store_kv
 from izh_trio.engine.loader import ModelConfig
-from izh_trio.engine.models.layers import CpuRMSNorm
-from izh_trio.engine.models.qwen3 import Qwen3ForCausalLM, RMSNorm, RotaryEmbedding, apply_rope
+from izh_trio.engine.models.layers import CpuRMSNorm, RMSNorm, RotaryEmbedding, apply_rope
+from izh_trio.engine.models.qwen3 import Qwen3ForCausalLM
 
 pytestmark = pytest.mark.skipif(not cpu_fused.available(),
                                 reason="no C compiler: the engine uses the torch ops")
@@ -161,7 +161,7 @@ def test_falls_back_to_torch(why: str, monkeypatch: pytest.MonkeyPatch) -> None:
     attn.q_norm.weight.data, attn.k_norm.weight.data = cast(w), cast(w)
     meta = TORCH_BACKEND.build_metadata(StepAttention(slots.tolist(), [], [], k_cache.shape[1]),
                                         torch.device("cpu"), 2)
-    got_qk = attn.norm_rope_store(cast(qkv), (cast(cos), cast(sin)),
+    got_qk = attn.rope_store(cast(qkv), (cast(cos), cast(sin)),
                                   (cast(k_cache), cast(v_cache)), meta)
     for got, want in [(norm(cast(x)), want_norm),
                       *zip(norm.add(cast(x), cast(res)), want_add, strict=True),

@@ -22,7 +22,7 @@ import torch
 
 from izh_trio.engine import cpu_fused
 from izh_trio.engine.attention.torch_sdpa import store_kv
-from izh_trio.engine.models.qwen3 import RMSNorm, RotaryEmbedding, apply_rope
+from izh_trio.engine.models.layers import RMSNorm, RotaryEmbedding, apply_rope
 from tools.micro.timing import best_of
 
 Result = torch.Tensor | tuple[torch.Tensor, ...]

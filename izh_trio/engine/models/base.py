@@ -1,5 +1,6 @@
 """What a model family's file builds on: ``CausalLM``, the interface the model runner calls,
-with the weight loading and the load-time module swaps every family shares."""
+with the weight loading and the load-time module swaps every family shares, and
+``DecoderStack``, the embedding, layers, final norm and head around a family's layers."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from torch import nn
 from izh_trio.engine import cpu_fused
 from izh_trio.engine.attention import AttentionBackend, AttentionMetadata
 from izh_trio.engine.loader import CheckpointError, ModelConfig
+from izh_trio.engine.models.layers import KVCache, RMSNorm, RotaryEmbedding
 
 M = TypeVar("M", bound=nn.Module)
 
@@ -119,6 +121,52 @@ class CausalLM(nn.Module):
                 self.set_submodule(name, recast(module, twin), strict=True)
                 swapped += 1
         return swapped
+
+
+class DecoderStack(CausalLM):
+    """Embedding -> N decoder layers (one rotary table for all) -> RMSNorm -> LM head, tied or
+    not: every family here. A family gives its layer (``layer``), whose ``forward(h, rotation,
+    meta, kv_cache)`` returns the next hidden states."""
+
+    #: q, k and v are one linear, and so are an MLP's gate and up.
+    packed_modules: ClassVar[Mapping[str, tuple[str, ...]]] = {
+        "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+        "gate_up_proj": ("gate_proj", "up_proj"),
+    }
+
+    def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
+        super().__init__(cfg, max_positions)
+        self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope or cfg.rope_theta, max_positions)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(self.layer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def layer(self, cfg: ModelConfig, index: int) -> nn.Module:
+        """Decoder layer ``index``."""
+        raise NotImplementedError
+
+    @staticmethod
+    def decoder_linears(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
+        """Attention's q, k, v, o and a SwiGLU MLP's gate, up, down: the usual layer."""
+        q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+        h, i = cfg.hidden_size, cfg.intermediate_size
+        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                meta: AttentionMetadata, kv_caches: list[KVCache]) -> torch.Tensor:
+        h = self.embed_tokens(input_ids)
+        rotation = self.rope.table(positions, h.dtype)
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            h = layer(h, rotation, meta, kv_cache)
+        return h
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final norm and head for the rows that sample; fp32 for the sampler."""
+        return self.lm_head(self.norm(hidden)).float()
 
 
 def recast(module: nn.Module, cls: type[M]) -> M:

@@ -1,4 +1,5 @@
-"""Layers Qwen3-style decoders share: RMSNorm, rotary position embedding.
+"""Layers the decoder families share: RMSNorm, rotary position embedding, the SwiGLU MLP and
+the pre-norm decoder layer around a family's attention.
 
 Arithmetic follows Hugging Face's implementation step for step so that fp32 logits agree to
 rounding. ``CpuRMSNorm`` is RMSNorm on the compiled CPU kernels (``cpu_fused.py``), swapped in
@@ -10,10 +11,14 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from izh_trio.engine import cpu_fused
-from izh_trio.engine.loader import RopeScaling
+from izh_trio.engine.attention import AttentionMetadata
+from izh_trio.engine.loader import ModelConfig, RopeScaling
+
+KVCache = tuple[torch.Tensor, torch.Tensor]  # one layer's K and V: [blocks, block, H_kv, D]
 
 
 class RMSNorm(nn.Module):
@@ -126,3 +131,35 @@ def apply_rope(x: torch.Tensor, rotation: Rotation) -> torch.Tensor:
     cos, sin = rotation
     half = x.shape[-1] // 2
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+class MLP(nn.Module):
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``, gate and up as one linear; biases where the
+    config has ``mlp_bias``."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size,
+                                      bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    """RMSNorm -> attention -> residual -> RMSNorm -> MLP (or a mixture) -> residual."""
+
+    def __init__(self, cfg: ModelConfig, attention: nn.Module, mlp: nn.Module) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = attention
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = mlp
+
+    def forward(self, h: torch.Tensor, rotation: Rotation, meta: AttentionMetadata,
+                kv_cache: KVCache) -> torch.Tensor:
+        attn = self.self_attn(self.input_layernorm(h), rotation, meta, kv_cache)
+        h, normed = self.post_attention_layernorm.add(attn, h)
+        return h + self.mlp(normed)

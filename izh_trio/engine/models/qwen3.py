@@ -1,8 +1,9 @@
 """Qwen3 for causal LM, reading top-down like the architecture.
 
 Embedding -> N x [RMSNorm -> attention (q/k RMSNorm, RoPE, GQA, paged KV) -> residual ->
-RMSNorm -> SwiGLU MLP -> residual] -> RMSNorm -> LM head (tied or not). Arithmetic follows
-Hugging Face's implementation step for step so that fp32 logits agree to rounding.
+RMSNorm -> SwiGLU MLP -> residual] -> RMSNorm -> LM head (tied or not): ``DecoderStack``
+around ``DecoderLayer``s whose attention is Llama's with each q and k head normed. Arithmetic
+follows Hugging Face's implementation step for step so that fp32 logits agree to rounding.
 
 Only the architecture is here. Where the engine runs a module otherwise, it swaps it at load
 time: fp32 or bf16 on CPU, the norms, RoPE and KV store for twins on compiled C loops
@@ -14,128 +15,40 @@ LoRA adapters, the decoder's linears for ones that add the adapters' terms
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from izh_trio.engine import cpu_fused
 from izh_trio.engine.attention import AttentionMetadata
 from izh_trio.engine.loader import ModelConfig
-from izh_trio.engine.models.base import CausalLM
-from izh_trio.engine.models.layers import (
-    CpuRMSNorm,
-    RMSNorm,
-    RotaryEmbedding,
-    Rotation,
-    apply_rope,
-)
-
-KVCache = tuple[torch.Tensor, torch.Tensor]  # one layer's K and V: [blocks, block, H_kv, D]
+from izh_trio.engine.models import llama
+from izh_trio.engine.models.base import DecoderStack
+from izh_trio.engine.models.layers import MLP, CpuRMSNorm, DecoderLayer, KVCache, RMSNorm, Rotation
 
 
-class Attention(nn.Module):
+class Attention(llama.Attention):
+    """Llama's attention with each q and k head RMS-normed before RoPE."""
+
     def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
-        self.head_dim = cfg.head_dim
-        self.q_size = self.num_heads * self.head_dim
-        self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(
-            cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias
-        )
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.attention_bias)
+        super().__init__(cfg)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
-        self.scale = self.head_dim**-0.5
 
-    def forward(self, x: torch.Tensor, rotation: Rotation, meta: AttentionMetadata,
-                kv_cache: KVCache) -> torch.Tensor:
-        q, k, v = self.norm_rope_store(self.qkv_proj(x), rotation, kv_cache, meta)
-        out = meta.paged_attention(q, k, v, *kv_cache, self.scale)
-        return self.o_proj(out.reshape(x.shape[0], self.q_size))
-
-    def norm_rope_store(self, qkv: torch.Tensor, rotation: Rotation, kv_cache: KVCache,
-                        meta: AttentionMetadata
-                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q and k normed per head and rotated, k and v stored in the cache: q [T, H_q, D],
-        k and v [T, H_kv, D] for the attention over this step's own tokens."""
-        t = qkv.shape[0]
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = apply_rope(self.q_norm(q.view(t, self.num_heads, self.head_dim)), rotation)
-        k = apply_rope(self.k_norm(k.view(t, self.num_kv_heads, self.head_dim)), rotation)
-        v = v.view(t, self.num_kv_heads, self.head_dim)
-        meta.store_kv(k, v, *kv_cache)
-        return q, k, v
+    def heads(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.q_norm(q), self.k_norm(k)
 
 
 class CpuAttention(Attention):
     """Its norms, RoPE and KV store in one compiled C call (fp32 or bf16 on CPU)."""
 
-    def norm_rope_store(self, qkv: torch.Tensor, rotation: Rotation, kv_cache: KVCache,
-                        meta: AttentionMetadata
-                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def rope_store(self, qkv: torch.Tensor, rotation: Rotation, kv_cache: KVCache,
+                   meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return cpu_fused.qk_norm_rope_store(  # q_norm and k_norm share the config's eps
             qkv, self.num_heads, self.num_kv_heads, self.q_norm.weight, self.k_norm.weight,
             self.q_norm.eps, *rotation, *kv_cache, meta.slot_mapping)
 
 
-class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
-
-
-class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
-
-    def forward(self, h: torch.Tensor, rotation: Rotation, meta: AttentionMetadata,
-                kv_cache: KVCache) -> torch.Tensor:
-        attn = self.self_attn(self.input_layernorm(h), rotation, meta, kv_cache)
-        h, normed = self.post_attention_layernorm.add(attn, h)
-        return h + self.mlp(normed)
-
-
-class Qwen3ForCausalLM(CausalLM):
-    packed_modules = {
-        "qkv_proj": ("q_proj", "k_proj", "v_proj"),
-        "gate_up_proj": ("gate_proj", "up_proj"),
-    }
+class Qwen3ForCausalLM(DecoderStack):
     cpu_twins = {RMSNorm: CpuRMSNorm, Attention: CpuAttention}
 
-    def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
-        super().__init__(cfg, max_positions)
-        self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope or cfg.rope_theta, max_positions)
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
-
-    @staticmethod
-    def decoder_linears(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
-        q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
-        h, i = cfg.hidden_size, cfg.intermediate_size
-        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
-                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                meta: AttentionMetadata, kv_caches: list[KVCache]) -> torch.Tensor:
-        h = self.embed_tokens(input_ids)
-        rotation = self.rope.table(positions, h.dtype)
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            h = layer(h, rotation, meta, kv_cache)
-        return h
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Final norm and head for the rows that sample; fp32 for the sampler."""
-        return self.lm_head(self.norm(hidden)).float()
+    def layer(self, cfg: ModelConfig, index: int) -> nn.Module:
+        return DecoderLayer(cfg, Attention(cfg), MLP(cfg))

@@ -19,11 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from izh_trio.engine.attention import AttentionMetadata
 from izh_trio.engine.loader import ModelConfig, MoeConfig
-from izh_trio.engine.models.base import CausalLM
-from izh_trio.engine.models.layers import CpuRMSNorm, RMSNorm, RotaryEmbedding, Rotation
-from izh_trio.engine.models.qwen3 import MLP, Attention, CpuAttention, KVCache
+from izh_trio.engine.models.base import DecoderStack
+from izh_trio.engine.models.layers import MLP, CpuRMSNorm, DecoderLayer, RMSNorm
+from izh_trio.engine.models.qwen3 import Attention, CpuAttention
 
 _EXPERT = re.compile(r"^(layers\.\d+\.mlp)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 
@@ -58,47 +57,21 @@ class SparseMoe(nn.Module):
         return torch.zeros_like(x).index_add_(0, tokens, out)
 
 
-class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, moe: MoeConfig, index: int) -> None:
-        super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp: nn.Module = SparseMoe(cfg, moe) if moe.sparse(index) else MLP(cfg)
-
-    def forward(self, h: torch.Tensor, rotation: Rotation, meta: AttentionMetadata,
-                kv_cache: KVCache) -> torch.Tensor:
-        attn = self.self_attn(self.input_layernorm(h), rotation, meta, kv_cache)
-        h, normed = self.post_attention_layernorm.add(attn, h)
-        return h + self.mlp(normed)
-
-
-class Qwen3MoeForCausalLM(CausalLM):
-    packed_modules = {
-        "qkv_proj": ("q_proj", "k_proj", "v_proj"),
-        "gate_up_proj": ("gate_proj", "up_proj"),  # the dense layers' MLPs
-    }
+class Qwen3MoeForCausalLM(DecoderStack):
     cpu_twins = {RMSNorm: CpuRMSNorm, Attention: CpuAttention}
 
-    def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
-        super().__init__(cfg, max_positions)
-        assert cfg.moe is not None, "Qwen3-MoE's config reader sets its mixture"
-        self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope or cfg.rope_theta, max_positions)
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, cfg.moe, i)
-                                    for i in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
+    def layer(self, cfg: ModelConfig, index: int) -> nn.Module:
+        moe = cfg.moe
+        assert moe is not None, "Qwen3-MoE's config reader sets its mixture"
+        return DecoderLayer(cfg, Attention(cfg),
+                            SparseMoe(cfg, moe) if moe.sparse(index) else MLP(cfg))
 
     @staticmethod
     def decoder_linears(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
         """Attention's linears: the ones an adapter may target here (the experts and the
         dense layers' MLPs are not adapted)."""
-        q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
-        h = cfg.hidden_size
-        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h)}
+        linears = DecoderStack.decoder_linears(cfg)
+        return {name: linears[name] for name in ("q_proj", "k_proj", "v_proj", "o_proj")}
 
     def stacked_slot(self, name: str) -> tuple[str, tuple[int | slice, ...], int] | None:
         match = _EXPERT.match(name)
@@ -112,15 +85,3 @@ class Qwen3MoeForCausalLM(CausalLM):
             return f"{layer}.w2", (expert,), pieces
         half = slice(0, i) if proj == "gate_proj" else slice(i, 2 * i)
         return f"{layer}.w13", (expert, half), 2 * pieces
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                meta: AttentionMetadata, kv_caches: list[KVCache]) -> torch.Tensor:
-        h = self.embed_tokens(input_ids)
-        rotation = self.rope.table(positions, h.dtype)
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            h = layer(h, rotation, meta, kv_cache)
-        return h
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Final norm and head for the rows that sample; fp32 for the sampler."""
-        return self.lm_head(self.norm(hidden)).float()
