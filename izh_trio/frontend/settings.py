@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import attrs
 from attrs import validators as v
@@ -41,6 +42,11 @@ def _lora_modules(specs: Iterable[str | tuple[str, str]]) -> tuple[tuple[str, st
 
 
 _optional_path = attrs.converters.optional(Path)
+
+
+def zero_is_none(default: float, text: str) -> Any:
+    """A limit that 0 turns off: not negative, and its help says so."""
+    return setting(default, f"{text} (0: none)", validator=v.ge(0))
 
 
 def _store_url(_instance: object, _attribute: object, url: str | None) -> None:
@@ -92,13 +98,11 @@ class Settings:
     api_keys_file: Path | None = setting(  # noqa: RUF009
         None, "file of accepted keys, one per line (# comments), read at start",
         converter=_optional_path)
-    max_pending: int = setting(
-        0, "requests in flight beyond which new ones get 503 (0: no cap)", validator=v.ge(0))
-    rate_limit_tokens_per_minute: int = setting(
-        0, "per-key budget of prompt + max_tokens tokens (0: none)", validator=v.ge(0))
-    request_timeout: float = setting(
-        0.0, "default generation deadline in seconds (0: none); X-Request-Timeout overrides it",
-        validator=v.ge(0))
+    max_pending: int = zero_is_none(0, "requests in flight beyond which new ones get 503")
+    rate_limit_tokens_per_minute: int = zero_is_none(
+        0, "per-key budget of prompt + max_tokens tokens")
+    request_timeout: float = zero_is_none(
+        0.0, "default generation deadline in seconds, which X-Request-Timeout overrides")
     max_body_bytes: int = setting(32 << 20, "largest request body", validator=v.ge(1024))
     max_stream_buffer_tokens: int = setting(
         8192, "output tokens a stream may fall behind its client before it is aborted",
