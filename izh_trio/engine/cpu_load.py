@@ -22,6 +22,22 @@ import attrs
 
 _TICK = 1.0 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
 
+#: A model whose step streams this many bytes of weights may spread its decode steps over
+#: every core (``thread_plan``): a smaller one's matrix products are too short to gain from
+#: a second thread what each parallel region costs (the tiny checkpoint reads ~4 MB a step,
+#: Qwen3-0.6B 1.2-2.4 GB).
+SPREAD_MIN_WEIGHT_BYTES = 64 << 20
+
+
+def checkpoint_bytes(model_dir: str) -> int:
+    """The size of a checkpoint's safetensors files: its weights, known before torch loads."""
+    try:
+        names = os.listdir(model_dir)
+    except OSError:
+        return 0
+    return sum(os.path.getsize(os.path.join(model_dir, n)) for n in names
+               if n.endswith(".safetensors"))
+
 
 def machine_busy_seconds() -> float | None:
     """CPU seconds the machine's cores have been busy since boot (all cores summed)."""

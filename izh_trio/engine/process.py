@@ -31,6 +31,7 @@ import time
 import traceback
 from collections.abc import MutableMapping
 
+from izh_trio.engine.cpu_load import SPREAD_MIN_WEIGHT_BYTES, checkpoint_bytes
 from izh_trio.wire import (
     Abort,
     AddRequest,
@@ -128,7 +129,11 @@ def serve(config: EngineConfig, in_fd: int, out_fd: int) -> int:
         signal.signal(sig, signal.SIG_IGN)
     if config.device.startswith("cpu"):
         keep_freed_memory()  # before torch allocates anything
-        stop_idle_openmp_spinning()
+        # A model that spreads its decode steps over every core runs a parallel region per
+        # linear: a worker put to sleep after each pays a wake-up in every one of them (a
+        # third of a 0.6B bf16 step). Its frontend is idle when it spreads: let workers spin.
+        if checkpoint_bytes(config.model_dir) < SPREAD_MIN_WEIGHT_BYTES:
+            stop_idle_openmp_spinning()
     from izh_trio.engine.core import EngineCore  # torch loads here, after the fds are safe
 
     out = _Writer(out_fd)

@@ -20,7 +20,7 @@ import os
 import attrs
 import torch
 
-from izh_trio.engine.cpu_load import OtherLoad
+from izh_trio.engine.cpu_load import SPREAD_MIN_WEIGHT_BYTES, OtherLoad
 from izh_trio.engine.scheduler import ScheduledSeq
 from izh_trio.wire import EngineConfig
 
@@ -33,10 +33,6 @@ log = logging.getLogger(__name__)
 #: line (three runnable threads share two cores fairly), so a busy frontend is always seen.
 SPREAD_BELOW = 0.25
 GATHER_ABOVE = 0.5
-#: Only a model whose step streams this many bytes of weights spreads its decode steps: a
-#: smaller one's matrix products are too short to gain from a second thread what each
-#: parallel region costs (the tiny checkpoint reads ~4 MB a step, Qwen3-0.6B 1.2-2.4 GB).
-SPREAD_MIN_WEIGHT_BYTES = 64 << 20
 
 
 def _bucket(batch: list[ScheduledSeq]) -> int:

@@ -187,3 +187,18 @@ def test_only_a_large_model_spreads(hf_dir: Path) -> None:
     assert ThreadPlan.for_config(config, SPREAD_MIN_WEIGHT_BYTES).load is not None
     core = _core(hf_dir, device="cpu")  # the test checkpoint: a few MB
     assert core.threads.load is None
+
+
+def test_checkpoint_bytes_decide_before_torch_loads(tmp_path: Path, hf_dir: Path) -> None:
+    """The engine process lets OpenMP workers spin (no GOMP_SPINCOUNT) only for a model large
+    enough to spread, judged from its weight files before torch is imported."""
+    from izh_trio.engine.cpu_load import checkpoint_bytes
+
+    assert 0 < checkpoint_bytes(str(hf_dir)) < SPREAD_MIN_WEIGHT_BYTES
+    with open(tmp_path / "model-00001-of-00002.safetensors", "wb") as f:
+        f.truncate(SPREAD_MIN_WEIGHT_BYTES // 2)  # sparse: sizes, not contents, are read
+    with open(tmp_path / "model-00002-of-00002.safetensors", "wb") as f:
+        f.truncate(SPREAD_MIN_WEIGHT_BYTES // 2)
+    (tmp_path / "config.json").write_text("{}")
+    assert checkpoint_bytes(str(tmp_path)) == SPREAD_MIN_WEIGHT_BYTES
+    assert checkpoint_bytes(str(tmp_path / "missing")) == 0
