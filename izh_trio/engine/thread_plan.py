@@ -6,8 +6,8 @@ large model takes every core while the rest of the machine is nearly idle
 (``cpu_load.OtherLoad``: a few streams, whose frontend has a token per sequence to send now
 and then), and leaves one core free while it is not (many streams, whose frontend streams as
 fast as the engine makes tokens); a small model's decode steps always leave it one. Whether
-every core is faster at all is measured, not assumed (``StepTimes``): a second thread may add
-less bandwidth than its parallel regions cost (``docs/benchmarks.rst``, Qwen3-0.6B's shape),
+every core is faster at all is measured, not assumed (``StepTimes``): what a second thread
+adds against what its parallel regions cost depends on the machine, the dtype and the batch,
 so on an idle machine a decode step takes whichever count its batch size has run fastest at.
 ``num_threads`` set by hand fixes every step's count.
 """

@@ -88,7 +88,11 @@ def main() -> None:
             best = dict.fromkeys(threads, float("inf"))
             for _ in range(a.rounds):
                 for t, core in cores.items():
+                    # Threads are process-wide: set them for this core's round whatever the
+                    # other core set last (its own record of them would skip the call).
                     core.threads = type(core.threads)(t, t)
+                    torch.set_num_threads(t)
+                    core._threads_now = t
                     best[t] = min(best[t], _round(core, a.steps))
             runner = next(iter(cores.values())).runner
             params = runner.weight_bytes // runner.dtype.itemsize
