@@ -14,6 +14,7 @@ from izh_trio.engine.core import EngineCore
 from izh_trio.engine.loader import cpu_has_native_bf16, resolve_dtype
 from izh_trio.wire import AddRequest, EngineConfig, SamplingParams
 from tests.conftest import save_transformers_qwen3
+from tests.engine.logits import every_position
 
 CPU = torch.device("cpu")
 PROMPTS = [[3, 141, 59, 265, 358, 979, 323, 846], [1200, 7, 7, 7, 88], list(range(40, 140))]
@@ -81,26 +82,8 @@ def test_logits_match_transformers_bf16(bf16_dir: Path) -> None:
                 tokens += o.new_token_ids
         with torch.inference_mode():
             ref = model(torch.tensor([prompt + tokens[:1]])).logits[0].float()
-        ours = _forward_logits(core, prompt + tokens[:1])
+        ours = every_position(core.runner, prompt + tokens[:1])
         torch.testing.assert_close(ours, ref, atol=LOGIT_TOLERANCE, rtol=0)
-
-
-def _forward_logits(core: EngineCore, ids: list[int]) -> torch.Tensor:
-    """Logits at every position: all but the last token prefilled (their logits scored as
-    prompt logprobs are), the last decoded through the paged cache."""
-    from izh_trio.engine.block_manager import BlockManager
-    from izh_trio.engine.scheduler import ScheduledSeq
-    from izh_trio.engine.sequence import Sequence
-
-    runner = core.runner
-    seq = Sequence(request_id="f", token_ids=list(ids), params=SamplingParams(prompt_logprobs=0),
-                   stop_token_ids=frozenset())
-    bm = BlockManager(runner.num_blocks, runner.block_size)
-    assert bm.allocate_slots(seq, len(ids))
-    prefill = runner.execute([ScheduledSeq(seq, len(ids) - 1)])
-    seq.num_computed_tokens = len(ids) - 1
-    last = runner.execute([ScheduledSeq(seq, 1)]).sample[0]
-    return torch.cat([prefill.prompt[seq].float(), last[None].float()])
 
 
 @pytest.mark.skipif(not cpu_has_native_bf16(), reason="bf16 is emulated on this CPU")

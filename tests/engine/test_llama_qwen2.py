@@ -12,14 +12,12 @@ import pytest
 import torch
 import transformers
 
-from izh_trio.engine.block_manager import BlockManager
 from izh_trio.engine.core import EngineCore
 from izh_trio.engine.loader import CheckpointError
 from izh_trio.engine.models import FAMILIES, resolve
-from izh_trio.engine.scheduler import ScheduledSeq
-from izh_trio.engine.sequence import Sequence
 from izh_trio.wire import AddRequest, EngineConfig, SamplingParams
 from tests.conftest import TOKENIZER_FILES
+from tests.engine.logits import every_position
 
 PROMPTS = [[3, 141, 59, 265, 358, 979, 323, 846], list(range(40, 140)), [1200, 7],
            [(7 * i) % 1900 + 50 for i in range(200)]]  # 200 tokens: far past a 32-token window
@@ -86,20 +84,6 @@ def _reference(model_dir: Path, ids: list[int]) -> torch.Tensor:
         return model(torch.tensor([ids])).logits[0]
 
 
-def _ours(core: EngineCore, ids: list[int]) -> torch.Tensor:
-    """Logits at every position: all but the last token prefilled (scored as prompt logprobs
-    are), the last decoded through the paged cache."""
-    runner = core.runner
-    seq = Sequence(request_id="f", token_ids=list(ids), params=SamplingParams(prompt_logprobs=0),
-                   stop_token_ids=frozenset())
-    bm = BlockManager(runner.num_blocks, runner.block_size)
-    assert bm.allocate_slots(seq, len(ids))
-    prefill = runner.execute([ScheduledSeq(seq, len(ids) - 1)])
-    seq.num_computed_tokens = len(ids) - 1
-    last = runner.execute([ScheduledSeq(seq, 1)]).sample[0]
-    return torch.cat([prefill.prompt[seq].float(), last[None].float()])
-
-
 def _engine(model_dir: Path, **cfg: object) -> EngineCore:
     return EngineCore(EngineConfig(model_dir=str(model_dir), num_kv_blocks=96, block_size=8,
                                    **cfg))
@@ -110,7 +94,7 @@ def test_logits_match_transformers(family_dir: Path) -> None:
     expected = json.loads((family_dir / "config.json").read_text())["architectures"][0]
     assert type(core.runner.model).__name__ == expected
     for ids in PROMPTS:
-        torch.testing.assert_close(_ours(core, ids), _reference(family_dir, ids),
+        torch.testing.assert_close(every_position(core.runner, ids), _reference(family_dir, ids),
                                    atol=1e-4, rtol=0)
 
 
