@@ -9,8 +9,10 @@ horizontal sum per score and libm's ``expf`` per score made it compute-bound at 
 of the read rate. With AVX-512, 16 scores come out of one transpose-and-add tree and one
 polynomial exp, and the next block is prefetched while this one is worked (blocks lie
 anywhere in the cache, so the hardware prefetchers cannot guess them); elsewhere the same
-steps are plain loops for the compiler. One thread on purpose: the engine runs torch on one
-and leaves the other cores to serving. The C source is ``csrc/cpu_attention.c``, compiled once
+steps are plain loops for the compiler. The sequences are split between torch's threads
+(the library is built with ``-fopenmp`` and binds to the OpenMP runtime torch loaded, so it
+uses the threads the engine's thread plan gives torch, no more); a batch with little context
+stays on one. The C source is ``csrc/cpu_attention.c``, compiled once
 per machine with the system C compiler (``cbuild``: cached, under a lock); with no compiler, or
 for other dtypes, the engine keeps torch's path. A bf16 cache is widened to fp32 as it is
 loaded (a shift: bf16 is the upper half of an fp32), and everything after it is fp32: half the
@@ -30,7 +32,8 @@ _KERNEL = cbuild.Kernel(
     "cpu_attention", label="CPU attention kernel", switch="IZH_CPU_ATTENTION",
     signatures=dict.fromkeys(("paged_decode", "paged_decode_bf16"),
                              (None, [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6
-                              + [ctypes.c_float])))
+                              + [ctypes.c_float])),
+    extra_flags=("-fopenmp",))
 
 #: The cache dtypes the kernel reads.
 DTYPES = (torch.float32, torch.bfloat16)

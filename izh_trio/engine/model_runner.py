@@ -74,8 +74,8 @@ class ModelRunner:
         self.weight_bytes = sum(p.nbytes for p in self.model.parameters())
         if self.device.type == "cpu":  # once loaded: the modules swapped in take its weights
             twins = self.model.use_cpu_twins(self.attention)
-            log.info("%d modules on compiled CPU kernels, %d linear layers packed for oneDNN",
-                     twins, pack_linears(self.model))
+            log.info("%d modules on compiled CPU kernels, %d linear layers packed (oneDNN's "
+                     "layout, or our bf16 kernel's)", twins, pack_linears(self.model))
         self.lora = (LoraManager(config, self.model, self.dtype, self.device)
                      if lora_enabled(config) else None)
 

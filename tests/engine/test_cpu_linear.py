@@ -11,6 +11,7 @@ from torch import nn
 
 from izh_trio.engine import cpu_linear
 from izh_trio.engine.cpu_linear import PackedLinear, pack_linears
+from izh_trio.engine.cpu_linear_bf16 import Bf16Linear
 from izh_trio.engine.model_runner import ModelRunner
 from izh_trio.wire import EngineConfig
 
@@ -28,7 +29,7 @@ def test_packed_matches_plain_for_any_row_count(dtype: torch.dtype, bias: bool) 
     plain = [(m.weight.detach().clone(), None if m.bias is None else m.bias.detach().clone())
              for m in model]
     assert pack_linears(model) == 2
-    assert all(isinstance(m, PackedLinear) for m in model)
+    assert all(isinstance(m, (PackedLinear, Bf16Linear)) for m in model)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     for rows in (1, 7, 32, 257):
         x = torch.randn(rows, 256).to(dtype)
@@ -60,7 +61,7 @@ def test_engine_model_runs_packed(tiny_dir: Path) -> None:
     ``test_qwen3_vs_transformers`` on this same path)."""
     model = ModelRunner(EngineConfig(model_dir=str(tiny_dir), num_kv_blocks=8)).model
     assert not any(type(m) is nn.Linear for m in model.modules())
-    assert sum(isinstance(m, PackedLinear) for m in model.modules()) > 0
+    assert sum(isinstance(m, (PackedLinear, Bf16Linear)) for m in model.modules()) > 0
 
 
 def test_one_row_runs_on_the_plain_copy_of_a_small_model(monkeypatch: pytest.MonkeyPatch

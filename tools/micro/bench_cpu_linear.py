@@ -1,13 +1,17 @@
-"""Time the engine's linear layers on CPU: plain ``F.linear`` against the oneDNN-packed weight.
+"""Time the engine's linear layers on CPU: plain ``F.linear``, oneDNN's packed weight, and
+(in bf16, on AVX512-BF16) our own kernel's packed weight.
 
-    python -m tools.micro.bench_cpu_linear [--hidden 256] [--intermediate 768] [--heads 4]
-        [--kv-heads 2] [--head-dim 64] [--vocab 2000] [--rows 1,8,32,256,1024] [--rounds 5]
+    python -m tools.micro.bench_cpu_linear [--dtype float32] [--threads 1] [--layers 1]
+        [--hidden 256] [--intermediate 768] [--heads 4] [--kv-heads 2] [--head-dim 64]
+        [--vocab 2000] [--rows 1,8,32,256,1024] [--rounds 5]
 
-Single thread, as the engine's decode steps run torch. The shapes are one Qwen3 layer's fused
-projections (qkv, o, gate_up, down) and the LM head; defaults are the tiny benchmark
-checkpoint's (``izh_trio.tiny``'s defaults). Prints microseconds per call for both, summed
-over the five shapes, for each row count (a decode step has one row per sequence), and the
-ratio; each figure is the best of ``--rounds`` interleaved rounds.
+The shapes are a Qwen3 layer's fused projections (qkv, o, gate_up, down), ``--layers``
+times, and the LM head; defaults are the tiny benchmark checkpoint's (``izh_trio.tiny``'s
+defaults). Qwen3-0.6B's: ``--hidden 1024 --intermediate 3072 --heads 16 --kv-heads 8
+--head-dim 128 --vocab 151936 --layers 28`` (then the weights are a decode step's, too many
+for any cache, as when serving). Prints milliseconds per pass over all of them for each
+row count (a decode step has one row per sequence), the best variant's GFLOP/s, and the
+weights' read rate it implies; each figure is the best of ``--rounds`` interleaved rounds.
 """
 
 from __future__ import annotations
@@ -18,37 +22,53 @@ import sys
 import torch
 from torch import nn
 
-from izh_trio.engine.cpu_linear import pack_linears
-from tools.micro.timing import best_of
+from izh_trio.engine import cpu_linear, cpu_linear_bf16
+from tools.micro.timing import MS, best_of
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for name, default in (("hidden", 256), ("intermediate", 768), ("heads", 4), ("kv-heads", 2),
-                          ("head-dim", 64), ("vocab", 2000), ("rounds", 5)):
+                          ("head-dim", 64), ("vocab", 2000), ("rounds", 5), ("threads", 1),
+                          ("layers", 1)):
         p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--rows", default="1,8,32,256,1024")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     a = p.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(a.threads)
+    dtype = getattr(torch, a.dtype)
     h, q, kv = a.hidden, a.heads * a.head_dim, a.kv_heads * a.head_dim
-    shapes = {"qkv": (h, q + 2 * kv), "o": (q, h), "gate_up": (h, 2 * a.intermediate),
-              "down": (a.intermediate, h), "lm_head": (h, a.vocab)}
-    plain = nn.ModuleDict({k: nn.Linear(i, o, bias=False) for k, (i, o) in shapes.items()})
-    packed = nn.ModuleDict({k: nn.Linear(i, o, bias=False) for k, (i, o) in shapes.items()})
-    packed.load_state_dict(plain.state_dict())
-    if pack_linears(packed) != len(shapes):
-        sys.exit("oneDNN packing is unavailable on this build")
-    print(f"{'rows':>6} {'F.linear µs':>12} {'oneDNN µs':>10} {'ratio':>6} {'GFLOPS':>7}")
-    flops_per_row = 2 * sum(i * o for i, o in shapes.values())
+    shapes = [(h, q + 2 * kv), (q, h), (h, 2 * a.intermediate), (a.intermediate, h)] * a.layers
+    shapes.append((h, a.vocab))
+    plain = [nn.Linear(i, o, bias=False).to(dtype) for i, o in shapes]
+    variants: dict[str, list[nn.Module]] = {"F.linear": list(plain)}
+    with torch.no_grad():
+        packed = [cpu_linear._pack(m, keep_plain=False) for m in plain]
+        if all(m is not None for m in packed):
+            variants["oneDNN"] = [m for m in packed if m is not None]
+        if dtype == torch.bfloat16 and cpu_linear_bf16.available():
+            ours = [cpu_linear_bf16.from_linear(m) for m in plain]
+            if all(m is not None for m in ours):
+                variants["ours"] = [m for m in ours if m is not None]
+    if len(variants) == 1:
+        sys.exit("neither oneDNN nor our kernel can pack this dtype here")
+    weight_bytes = sum(i * o for i, o in shapes) * dtype.itemsize
+    flops_per_row = 2 * sum(i * o for i, o in shapes)
+    print(f"{a.dtype}, {a.threads} thread(s), {weight_bytes / 1e6:.0f} MB of weights; "
+          "ms per pass over every linear")
+    print(f"{'rows':>6} " + " ".join(f"{name:>9}" for name in variants)
+          + f" {'best':>9} {'GFLOP/s':>8} {'GB/s':>6}")
     with torch.inference_mode():
         for rows in (int(r) for r in a.rows.split(",")):
-            xs = {k: torch.randn(rows, i) for k, (i, _) in shapes.items()}
-            best = best_of({name: lambda mods=mods, xs=xs: [mods[k](xs[k]) for k in shapes]
-                            for name, mods in (("plain", plain), ("packed", packed))},
-                           max(3, 20_000 // rows), a.rounds)
-            print(f"{rows:>6} {best['plain']:>12.1f} {best['packed']:>10.1f} "
-                  f"{best['packed'] / best['plain']:>6.2f} "
-                  f"{flops_per_row * rows / best['packed'] / 1e3:>7.1f}")
+            xs = [torch.randn(rows, i).to(dtype) for i, _ in shapes]
+            best = best_of({name: lambda mods=mods: [m(x) for m, x in zip(mods, xs)]
+                            for name, mods in variants.items()},
+                           max(1, 2_000 // (rows * a.layers)), a.rounds, unit=MS)
+            winner = min(best, key=best.__getitem__)
+            seconds = best[winner] / MS
+            print(f"{rows:>6} " + " ".join(f"{best[name]:>9.2f}" for name in variants)
+                  + f" {winner:>9} {flops_per_row * rows / seconds / 1e9:>8.1f}"
+                  f" {weight_bytes / seconds / 1e9:>6.1f}", flush=True)
 
 
 if __name__ == "__main__":

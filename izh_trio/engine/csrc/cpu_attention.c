@@ -5,6 +5,7 @@
 #ifndef KV_T
 #include <math.h>
 #include <stdint.h>
+#include <omp.h>
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define AVX512 1
 #include <immintrin.h>
@@ -124,6 +125,7 @@ INLINE float softmax(float *p, int64_t n, float *m, float *l) {
 #define accumulate KV_NAME(accumulate)
 #define decode KV_NAME(decode)
 #define paged_decode KV_NAME(paged_decode)
+#define decode_some KV_NAME(decode_some)
 
 /* Per block, three steps on HN query heads, G of them to a KV head (rows of qs and acc are
    NC * 16 floats, zero-padded past D; p holds bsr scores a head): scores, then for each
@@ -269,9 +271,9 @@ INLINE void decode(const float *q, const KV_T *kc, const KV_T *vc, const int64_t
     }
 }
 
-void paged_decode(const float *q, const KV_T *kc, const KV_T *vc, const int64_t *tables,
-                  const int64_t *ctx, float *out, int64_t B, int64_t HQ, int64_t HKV,
-                  int64_t D, int64_t BS, int64_t W, float scale) {
+static void decode_some(const float *q, const KV_T *kc, const KV_T *vc, const int64_t *tables,
+                        const int64_t *ctx, float *out, int64_t B, int64_t HQ, int64_t HKV,
+                        int64_t D, int64_t BS, int64_t W, float scale) {
     /* Query heads go in passes of HN = T * G, the heads of T consecutive KV heads, so that
        one pass reads T heads' share of each row: T the largest divisor of HKV whose pass
        keeps its accumulators in registers (HN * NC <= 16). */
@@ -287,9 +289,37 @@ void paged_decode(const float *q, const KV_T *kc, const KV_T *vc, const int64_t 
     CASE(4, 4) CASE(2, 8)
     else decode(q, kc, vc, tables, ctx, out, B, HQ, HKV, D, BS, W, scale, T * G, G, NC);
 }
+
+/* Every sequence's attention, the sequences split between torch's threads (this library
+   runs on torch's OpenMP runtime) in runs of about equal context, each thread reading its
+   own sequences' rows. A batch with little context to read stays on the calling thread. */
+void paged_decode(const float *q, const KV_T *kc, const KV_T *vc, const int64_t *tables,
+                  const int64_t *ctx, float *out, int64_t B, int64_t HQ, int64_t HKV,
+                  int64_t D, int64_t BS, int64_t W, float scale) {
+    int64_t total = 0;
+    for (int64_t b = 0; b < B; b++) total += ctx[b];
+    int threads = B > 1 && total * HKV * D >= (1 << 18) ? omp_get_max_threads() : 1;
+    if (threads > B) threads = (int)B;
+    #pragma omp parallel num_threads(threads)
+    {
+        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        /* the sequences whose context starts in this thread's share of the total */
+        int64_t b0 = 0, b1 = 0, seen = 0;
+        for (int64_t b = 0; b < B; b++) {
+            if (seen * nt < total * t) b0 = b + 1;
+            if (seen * nt < total * (t + 1)) b1 = b + 1;
+            seen += ctx[b];
+        }
+        if (t == nt - 1) b1 = B;
+        if (b1 > b0)
+            decode_some(q + b0 * HQ * D, kc, vc, tables + b0 * W, ctx + b0, out + b0 * HQ * D,
+                        b1 - b0, HQ, HKV, D, BS, W, scale);
+    }
+}
 #undef dot
 #undef scores
 #undef accumulate
 #undef decode
 #undef paged_decode
+#undef decode_some
 #endif  /* KV_T */
