@@ -11,6 +11,7 @@ running end with ``finish_reason: "length"`` and the block is left, which aborts
 
 from __future__ import annotations
 
+import enum
 import math
 import time
 import uuid
@@ -28,6 +29,29 @@ from izh_trio.frontend.request_stream import EngineError, Notifier, RequestStrea
 from izh_trio.frontend.stop import StopChecker
 from izh_trio.frontend.tokenizer import ModelTokenizer
 from izh_trio.wire import SamplingParams, TokenLogprobs
+
+
+class EndCause(enum.Enum):
+    """Why a generation ended (its trace says): the engine finished every choice, or what
+    stopped it. ``Generation.end_cause`` is None for one left before it ended."""
+
+    FINISHED = "finished"
+    STOP_STRING = "stop_string"
+    DEADLINE = "deadline"
+    DRAIN = "drain"
+    SLOW_CLIENT = "slow_client"
+    ENGINE_ERROR = "engine_error"
+    REJECTED = "rejected"
+
+
+@attrs.frozen
+class Totals:
+    """A generation's token counts as usage counts them, and its choices' finish reasons."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    finish_reasons: list[str]
 
 
 @attrs.frozen
@@ -69,6 +93,7 @@ class _Choice:
         self.done = False
         self.reason: str | None = None
         self.started = False
+        self.first: float | None = None  # time.monotonic() of its first output
         self.last: float | None = None
         self.counts = (len(spec.prompt_ids), 0, 0)  # prompt, output, cached tokens so far
 
@@ -83,6 +108,7 @@ class _Choice:
             return None
         now = time.monotonic()
         if self.last is None:
+            self.first = now
             metrics.ttft.observe(now - arrival)
             access_log.note_first_token(now - arrival)
         else:
@@ -139,32 +165,50 @@ class Generation:
         self._arrival = arrival
         self._deadline = deadline  # trio time; inf: none
         self._aborted: str | None = None
+        self._cause: EndCause | None = None  # a cause the frontend met (see end_cause)
 
     @property
     def finished(self) -> bool:
         """Every choice has ended: the next :meth:`next` returns ``[]`` without waiting."""
         return all(c.done for c in self._choices)
 
+    @property
+    def end_cause(self) -> EndCause | None:
+        """Why it ended so far: None while a choice runs (or when left before the end)."""
+        if self._cause is not None or not self.finished:
+            return self._cause
+        stopped = any(c.stop.matched is not None for c in self._choices)
+        return EndCause.STOP_STRING if stopped else EndCause.FINISHED
+
+    @property
+    def first_token(self) -> float | None:
+        """``time.monotonic()`` when its first output arrived, if one did."""
+        return min((c.first for c in self._choices if c.first is not None), default=None)
+
     def abort(self, reason: str) -> None:
         """Fail this generation from outside (server drain); the route sees a 503."""
         self._aborted = reason
         self._notifier.notify()
 
-    def report(self) -> None:
-        """Hand the access log this generation's totals, counted as usage counts them: a
-        prompt its ``n`` samples share once, with its first sample's cache hits."""
+    def totals(self) -> Totals:
+        """Its totals so far, counted as usage counts them: a prompt its ``n`` samples share
+        once, with its first sample's cache hits."""
         firsts = {c.spec.prompt_index: c for c in reversed(self._choices)}.values()
-        access_log.note_generation(
-            prompt_tokens=sum(c.counts[0] for c in firsts),
-            completion_tokens=sum(c.counts[1] for c in self._choices),
-            cached_tokens=sum(c.counts[2] for c in firsts),
-            finish_reasons=[c.reason for c in self._choices if c.reason is not None])
+        return Totals(prompt_tokens=sum(c.counts[0] for c in firsts),
+                      completion_tokens=sum(c.counts[1] for c in self._choices),
+                      cached_tokens=sum(c.counts[2] for c in firsts),
+                      finish_reasons=[c.reason for c in self._choices if c.reason is not None])
+
+    def report(self) -> None:
+        """Hand the access log this generation's totals."""
+        access_log.note_generation(**attrs.asdict(self.totals()))
 
     async def next(self) -> list[ChoiceDelta]:
         """The deltas that arrived since the last call; an empty list once every choice ended."""
         expired = False
         while True:
             if self._aborted is not None:
+                self._cause = EndCause.DRAIN
                 raise access_log.noted(APIError(503, self._aborted))
             try:
                 if expired:
@@ -173,6 +217,8 @@ class Generation:
                 out = [d for c in self._choices if not c.done
                        and (d := c.take(self._metrics, self._arrival)) is not None]
             except EngineError as exc:
+                self._cause = (EndCause.REJECTED if exc.rejected else EndCause.SLOW_CLIENT
+                               if exc.slow_client else EndCause.ENGINE_ERROR)
                 if exc.rejected:
                     raise access_log.noted(APIError(400, str(exc))) from None
                 raise access_log.noted(
@@ -185,7 +231,7 @@ class Generation:
             with trio.move_on_at(self._deadline):
                 await self._notifier.wait()
                 continue
-            expired = True
+            expired, self._cause = True, EndCause.DEADLINE
 
 
 @attrs.frozen

@@ -26,11 +26,14 @@ from izh_trio.wire import FinishReason, ProtocolError, RequestOutput, TokenLogpr
 
 
 class EngineError(Exception):
-    """This request failed in or because of the engine; ``rejected`` means it was bad input."""
+    """This request failed in or because of the engine; ``rejected`` means it was bad input,
+    ``slow_client`` that its client fell too far behind the engine."""
 
-    def __init__(self, message: str, *, rejected: bool = False) -> None:
+    def __init__(self, message: str, *, rejected: bool = False,
+                 slow_client: bool = False) -> None:
         super().__init__(message)
         self.rejected = rejected
+        self.slow_client = slow_client
 
 
 class StreamState(enum.Enum):
@@ -120,7 +123,9 @@ class RequestStream:
             self._transition(StreamState.FINISHED)
         self._has_news = True
         if len(p.token_ids) > self._max_buffered and self.state is StreamState.RUNNING:
-            self.fail(f"the client fell more than {self._max_buffered} tokens behind")
+            self._set_error(EngineError(
+                f"the client fell more than {self._max_buffered} tokens behind",
+                slow_client=True))
             self.abort()
         if self._due():
             self._notifier.notify()
