@@ -12,6 +12,7 @@ from typing import Any
 import attrs
 from attrs import validators as v
 
+from izh_trio.frontend.metrics_names import prefix_is_valid
 from izh_trio.frontend.response_store.factory import check_url
 from izh_trio.frontend.response_store.protocol import DEFAULT_MAX_ROWS, DEFAULT_TTL_S
 from izh_trio.frontend.setting_fields import given_env, setting
@@ -51,6 +52,12 @@ def zero_is_none(default: float, text: str) -> Any:
 
 def _store_url(_instance: object, _attribute: object, url: str | None) -> None:
     check_url(url)  # a bad URL is a one-line error at start, not a failure on first use
+
+
+def _metric_prefix(_instance: object, _attribute: object, prefix: str) -> None:
+    if not prefix_is_valid(prefix):
+        raise ValueError(f"metrics prefix {prefix!r}: letters, digits and underscores only, "
+                         "not a digit first")
 
 
 @attrs.frozen
@@ -110,6 +117,9 @@ class Settings:
     # As vLLM's --stream-interval: fewer, larger events when per-event cost is the limit.
     stream_interval: int = setting(
         1, "tokens per SSE event after a stream's first (1: every token)", validator=v.ge(1))
+    metrics_prefix: str = setting(
+        "izh", "the first part of every /metrics name (vllm: vLLM's names, for its dashboards)",
+        validator=_metric_prefix, metavar="PREFIX")
     startup_timeout: float = setting(
         600.0, "seconds the engine may take to start, model load included", validator=v.gt(0))
     max_engine_restarts: int = setting(
