@@ -60,22 +60,28 @@ SHAPES = {
 }
 
 
-@pytest.fixture(scope="module", params=sorted(SHAPES))
-def family_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-               tiny_dir: Path) -> Path:
-    config_cls, model_cls, fields = SHAPES[request.param]
-    config = getattr(transformers, config_cls)(**BASE, **fields)
+def make_family(shape: str, out: Path, tiny_dir: Path, **overrides: object) -> Path:
+    """A checkpoint of ``SHAPES[shape]`` saved by transformers (random weights, biases
+    too), with the tiny test tokenizer."""
+    config_cls, model_cls, fields = SHAPES[shape]
+    config = getattr(transformers, config_cls)(**{**BASE, **fields, **overrides})
     torch.manual_seed(7)
     model = getattr(transformers, model_cls)(config)
     with torch.no_grad():  # biases start at zero: give them values, so they must be loaded
         for name, p in model.named_parameters():
             if name.endswith(".bias"):
                 p.normal_(0, 0.05)
-    out = tmp_path_factory.mktemp("families") / request.param
     model.save_pretrained(out)
     for name in TOKENIZER_FILES:
         shutil.copy(tiny_dir / name, out / name)
     return out
+
+
+@pytest.fixture(scope="module", params=sorted(SHAPES))
+def family_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+               tiny_dir: Path) -> Path:
+    return make_family(request.param, tmp_path_factory.mktemp("families") / request.param,
+                       tiny_dir)
 
 
 def _reference(model_dir: Path, ids: list[int]) -> torch.Tensor:

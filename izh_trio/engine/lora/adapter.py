@@ -38,8 +38,11 @@ class LoraTargets:
     @classmethod
     def of(cls, model: type[CausalLM], cfg: ModelConfig) -> LoraTargets:
         shapes = model.decoder_linears(cfg)
-        packed = {part for parts in model.packed_modules.values() for part in parts}
-        parts = {**model.packed_modules, **{n: (n,) for n in shapes if n not in packed}}
+        # a packed linear whose parts are not targets (Qwen3-MoE's dense MLPs) is not one
+        groups = {ours: names for ours, names in model.packed_modules.items()
+                  if all(name in shapes for name in names)}
+        packed = {part for parts in groups.values() for part in parts}
+        parts = {**groups, **{n: (n,) for n in shapes if n not in packed}}
         owner = {name: (ours, i) for ours, names in parts.items()
                  for i, name in enumerate(names)}
         return cls(cfg.num_hidden_layers, shapes, parts, owner)
