@@ -7,8 +7,8 @@ mostly dispatch, and at a large one each streams its operands through memory aga
 each group below is one C call, one pass over its rows (measure with
 ``python -m tools.micro.bench_cpu_fused``; figures in ``tools/bench/results/cpu-kernels.md``):
 
-* ``qk_norm_rope_store``: q and k heads normed (per head, over ``head_dim``) and rotated,
-  k and v written into their paged-cache slots;
+* ``qk_norm_rope_store``: q and k heads normed (per head, over ``head_dim``; Qwen3's, not
+  Llama's) and rotated, k and v written into their paged-cache slots;
 * ``add_rms_norm``: the residual add and the norm after it;
 * ``rms_norm``: a norm alone (a layer's input norm, the final norm).
 
@@ -87,18 +87,21 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
 
 
 def qk_norm_rope_store(
-    qkv: torch.Tensor, num_heads: int, num_kv_heads: int, q_norm: torch.Tensor,
-    k_norm: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
+    qkv: torch.Tensor, num_heads: int, num_kv_heads: int, q_norm: torch.Tensor | None,
+    k_norm: torch.Tensor | None, eps: float, cos: torch.Tensor, sin: torch.Tensor,
     k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """From ``qkv`` [T, (H_q + 2 H_kv) D]: q and k normed per head and rotated (cos, sin:
+    """From ``qkv`` [T, (H_q + 2 H_kv) D]: q and k normed per head (unless ``q_norm`` and
+    ``k_norm`` are None, as for Llama's heads) and rotated (cos, sin:
     [T, 1, D], each token's position, in qkv's dtype), k and v stored in the paged caches
     ([blocks, block_size, H_kv, D]) at ``slot_mapping`` [T] int64. Returns q [T, H_q, D] and
     k, v [T, H_kv, D] (v a view of ``qkv``), for attention over the fresh tokens. Every slot
     must be a slot of the cache: the torch backend's ``index_copy_`` demands it too (only
     CUDA graphs pad with -1, and they run the triton backend)."""
-    t, d = qkv.shape[0], q_norm.shape[0]
-    kernel = _kernel("qk_norm_rope_store", qkv, q_norm, k_norm, cos, sin, k_cache, v_cache)
+    t, d = qkv.shape[0], cos.shape[-1]
+    norms = () if q_norm is None or k_norm is None else (q_norm, k_norm)
+    assert all(n.shape == (d,) for n in norms)
+    kernel = _kernel("qk_norm_rope_store", qkv, *norms, cos, sin, k_cache, v_cache)
     row = (num_heads + 2 * num_kv_heads) * d
     slots = k_cache.shape[0] * k_cache.shape[1]
     assert qkv.shape == (t, row) and slot_mapping.shape == (t,)
@@ -107,7 +110,8 @@ def qk_norm_rope_store(
     assert slot_mapping.is_contiguous() and slot_mapping.dtype == torch.int64
     q = torch.empty(t, num_heads, d, dtype=qkv.dtype)
     k = torch.empty(t, num_kv_heads, d, dtype=qkv.dtype)
-    bad = kernel(qkv.data_ptr(), q_norm.data_ptr(), k_norm.data_ptr(), eps, cos.data_ptr(),
+    qw, kw = (n.data_ptr() for n in norms) if norms else (None, None)
+    bad = kernel(qkv.data_ptr(), qw, kw, eps, cos.data_ptr(),
                  sin.data_ptr(), slot_mapping.data_ptr(), q.data_ptr(), k.data_ptr(),
                  k_cache.data_ptr(), v_cache.data_ptr(), t, num_heads, num_kv_heads, d, slots)
     if bad:

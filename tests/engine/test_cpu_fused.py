@@ -115,6 +115,25 @@ def test_qk_norm_rope_store(tokens: int, h_q: int, h_kv: int, d: int,
     assert torch.equal(v_cache, want_v_cache)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("d", [64, 128, 32])
+def test_rope_store_without_norms_is_llamas(d: int, dtype: torch.dtype) -> None:
+    """No norm weights (Llama's heads): q and k only rotated, bit for bit torch's RoPE in
+    either dtype, and k, v stored."""
+    tokens, h_q, h_kv = 7, 4, 2
+    qkv, cos, sin, k_cache, v_cache, slots = _qk_case(tokens, h_q, h_kv, d, dtype=dtype)
+    want_k_cache, want_v_cache = k_cache.clone(), v_cache.clone()
+    q_ref, k_ref, v_ref = qkv.split([h_q * d, h_kv * d, h_kv * d], dim=-1)
+    q_ref = apply_rope(q_ref.reshape(tokens, h_q, d), (cos, sin))
+    k_ref = apply_rope(k_ref.reshape(tokens, h_kv, d), (cos, sin))
+    store_kv(k_ref, v_ref.reshape(tokens, h_kv, d), want_k_cache, want_v_cache, slots)
+    q, k, v = cpu_fused.qk_norm_rope_store(qkv, h_q, h_kv, None, None, 0.0, cos, sin, k_cache,
+                                           v_cache, slots)
+    assert torch.equal(q, q_ref) and torch.equal(k, k_ref)
+    assert torch.equal(v, v_ref.reshape(tokens, h_kv, d))
+    assert torch.equal(k_cache, want_k_cache) and torch.equal(v_cache, want_v_cache)
+
+
 def test_slot_outside_the_cache_raises() -> None:
     qkv, cos, sin, k_cache, v_cache, slots = _qk_case(4, 4, 2, 64)
     w = torch.ones(64)

@@ -99,6 +99,8 @@ def test_logits_match_transformers(family_dir: Path) -> None:
     core = _engine(family_dir)
     expected = json.loads((family_dir / "config.json").read_text())["architectures"][0]
     assert type(core.runner.model).__name__ == expected
+    # on CPU the attention's RoPE and KV store run on the fused kernel, as Qwen3's do
+    assert any(type(m).__name__ == "CpuAttention" for m in core.runner.model.modules())
     for ids in PROMPTS:
         torch.testing.assert_close(every_position(core.runner, ids), _reference(family_dir, ids),
                                    atol=1e-4, rtol=0)

@@ -61,7 +61,8 @@ def main() -> None:
     with torch.inference_mode():
         for rows in (int(r) for r in a.rows.split(",")):
             xs = [torch.randn(rows, i).to(dtype) for i, _ in shapes]
-            best = best_of({name: lambda mods=mods: [m(x) for m, x in zip(mods, xs)]
+            best = best_of({name: lambda mods=mods, xs=xs: [
+                                m(x) for m, x in zip(mods, xs, strict=True)]
                             for name, mods in variants.items()},
                            max(1, 2_000 // (rows * a.layers)), a.rounds, unit=MS)
             winner = min(best, key=best.__getitem__)

@@ -115,10 +115,17 @@ INLINE int64_t qk_rows(const T *qkv, const T *qw, const T *kw, float eps, const 
     int64_t bad = 0;
     for (int64_t t = 0; t < Tn; t++) {
         const T *x = qkv + t * row;
-        for (int64_t h = 0; h < H; h++) r[h] = sum_sq(x + h * D, D);
-        for (int64_t h = 0; h < H; h++) r[h] = inv_rms(r[h], D, eps);
+        if (qw) {
+            for (int64_t h = 0; h < H; h++) r[h] = sum_sq(x + h * D, D);
+            for (int64_t h = 0; h < H; h++) r[h] = inv_rms(r[h], D, eps);
+        }
         for (int64_t h = 0; h < H; h++) {
-            scale(x + h * D, h < HQ ? qw : kw, r[h], D, y);
+            if (qw) {
+                scale(x + h * D, h < HQ ? qw : kw, r[h], D, y);
+            } else {  /* no norm (Llama's heads): rotated as they come */
+                #pragma omp simd
+                for (int64_t i = 0; i < D; i++) y[i] = LD(x[h * D + i]);
+            }
             rope(y, cos + t * D, sin + t * D, D,
                  h < HQ ? q + (t * HQ + h) * D : k + (t * HKV + h - HQ) * D);
         }
@@ -134,7 +141,8 @@ INLINE int64_t qk_rows(const T *qkv, const T *qw, const T *kw, float eps, const 
 }
 
 /* qkv: [Tn, (HQ + 2 HKV) D]; cos, sin: [Tn, D]; q: [Tn, HQ, D]; k: [Tn, HKV, D]; caches:
-   [nslots, HKV, D]. Returns how many tokens had a slot outside [0, nslots) (not stored). */
+   [nslots, HKV, D]; qw and kw NULL: no norm, only RoPE and the store. Returns how many
+   tokens had a slot outside [0, nslots) (not stored). */
 int64_t qk_norm_rope_store(const T *qkv, const T *qw, const T *kw, float eps, const T *cos,
                            const T *sin, const int64_t *slots, T *q, T *k, T *kc, T *vc,
                            int64_t Tn, int64_t HQ, int64_t HKV, int64_t D, int64_t nslots) {

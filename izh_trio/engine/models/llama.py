@@ -8,8 +8,8 @@ SwiGLU MLP -> residual] -> RMSNorm -> LM head (tied or not): ``DecoderStack`` ar
 q, k, v and o, ``mlp_bias`` on the MLP's linears; RoPE's frequencies follow the checkpoint's
 ``rope_type`` (``layers.inv_frequencies``).
 Arithmetic follows Hugging Face's implementation step for step so that fp32 logits agree to
-rounding. On CPU the norms run on the compiled kernels (``cpu_twins``); RoPE and the KV store
-stay torch's (the fused kernel norms q and k, which this architecture does not).
+rounding. On CPU the norms, and RoPE with the KV store, run on the compiled kernels
+(``cpu_twins``).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from izh_trio.engine import cpu_fused
 from izh_trio.engine.attention import AttentionMetadata
 from izh_trio.engine.loader import ModelConfig
 from izh_trio.engine.models.base import DecoderStack
@@ -67,8 +68,17 @@ class Attention(nn.Module):
         return q, k
 
 
+class CpuAttention(Attention):
+    """Its RoPE and KV store in one compiled C call (fp32 or bf16 on CPU)."""
+
+    def rope_store(self, qkv: torch.Tensor, rotation: Rotation, kv_cache: KVCache,
+                   meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return cpu_fused.qk_norm_rope_store(qkv, self.num_heads, self.num_kv_heads, None, None,
+                                            0.0, *rotation, *kv_cache, meta.slot_mapping)
+
+
 class LlamaForCausalLM(DecoderStack):
-    cpu_twins = {RMSNorm: CpuRMSNorm}
+    cpu_twins = {RMSNorm: CpuRMSNorm, Attention: CpuAttention}
 
     def layer(self, cfg: ModelConfig, index: int) -> nn.Module:
         return DecoderLayer(cfg, Attention(cfg), MLP(cfg))
