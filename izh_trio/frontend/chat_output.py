@@ -8,12 +8,13 @@ from typing import Any
 
 import attrs
 
-from izh_trio.frontend.chat_parser import ChatOutputParser, Event, ToolCall
+from izh_trio.frontend.chat_parser import Event, ToolCall
 from izh_trio.frontend.chat_tools import ToolPlan
 from izh_trio.frontend.generation import ChoiceDelta, ChoiceSpec
 from izh_trio.frontend.openai_shapes import OpenAIOutput, TokenText, chat_logprobs
 from izh_trio.frontend.schemas import StreamOptions
 from izh_trio.frontend.serving.api import Head
+from izh_trio.frontend.tool_formats import OutputParser
 from izh_trio.wire import TokenLogprobs
 
 
@@ -22,7 +23,7 @@ class ChatChoice:
     """One choice as it accumulates."""
 
     plan: ToolPlan
-    parser: ChatOutputParser
+    parser: OutputParser
     reasoning: list[str] = attrs.Factory(list)
     content: list[str] = attrs.Factory(list)
     calls: list[ToolCall] = attrs.Factory(list)
@@ -66,7 +67,7 @@ class ChatOutput(OpenAIOutput):
                  options: StreamOptions | None, logprobs: TokenText | None) -> None:
         super().__init__(head, specs, options, kind="chat.completion",
                          chunk_kind="chat.completion.chunk")
-        self._choices = [ChatChoice(plan, ChatOutputParser(tools=plan.parse)) for _ in specs]
+        self._choices = [ChatChoice(plan, plan.parser()) for _ in specs]
         self._text_of = logprobs  # None: the request asked for no logprobs
 
     def add(self, delta: ChoiceDelta) -> None:

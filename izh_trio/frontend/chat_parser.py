@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 import json
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -53,8 +54,10 @@ def _partial_suffix(text: str, tag: str) -> int:
 
 
 class ChatOutputParser:
-    def __init__(self, *, reasoning: bool = True, tools: bool = False) -> None:
+    def __init__(self, *, reasoning: bool = True, tools: bool = False,
+                 call_id: Callable[[], str] | None = None) -> None:
         self._tools = tools
+        self._call_id = call_id or _new_call_id
         self._state = _State.START if reasoning else _State.CONTENT
         self._buf = ""
         self._after_tag = False  # strip the newlines that follow </think> or </tool_call>
@@ -124,8 +127,7 @@ class ChatOutputParser:
                 out.append(Event("tool_call", call=call))
                 self._after_tag = True
 
-    @staticmethod
-    def _parse_call(body: str) -> ToolCall | None:
+    def _parse_call(self, body: str) -> ToolCall | None:
         try:
             obj: Any = json.loads(body)
         except json.JSONDecodeError:
@@ -140,8 +142,12 @@ class ChatOutputParser:
                 return None
         if not isinstance(args, dict):
             return None
-        return ToolCall(id=f"call_{uuid.uuid4().hex[:24]}", name=obj["name"],
+        return ToolCall(id=self._call_id(), name=obj["name"],
                         arguments=json.dumps(args, ensure_ascii=False))
+
+
+def _new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
 
 
 def parse_all(text: str, *, reasoning: bool, tools: bool) -> tuple[str | None, str, list[ToolCall]]:

@@ -19,7 +19,8 @@ from izh_trio.frontend.chat_parser import ToolCall
 from izh_trio.frontend.errors import APIError
 from izh_trio.frontend.offload import size_of
 from izh_trio.frontend.schemas import ChatCompletionRequest
-from izh_trio.frontend.structured import Constraint, tool_call_grammar
+from izh_trio.frontend.structured import Constraint
+from izh_trio.frontend.tool_formats import HERMES, OutputParser, ToolFormat
 
 
 @attrs.frozen
@@ -31,6 +32,11 @@ class ToolPlan:
     forced: Constraint | None  # forced calls: "required" or a named function
     legacy: bool = False  # functions / function_call: answer in their shape
     parallel: bool = False  # several calls may follow one another
+    format: ToolFormat = HERMES  # the checkpoint's call syntax
+
+    def parser(self) -> OutputParser:
+        """A parser of one output: its calls looked for only where tools were offered."""
+        return self.format.parser(tools=self.parse)
 
     def constraint(self, requested: Constraint | None) -> Constraint | None:
         """The output's one constraint, given the one its format fields ask for.
@@ -46,7 +52,7 @@ class ToolPlan:
             return requested
         assert self.tools is not None
         return Constraint(requested.param, None, requested.json_schema, write=partial(
-            tool_call_grammar, self.tools, only=None, parallel=self.parallel,
+            self.format.grammar, self.tools, only=None, parallel=self.parallel,
             or_json=requested.json_schema, param="functions" if self.legacy else "tools"),
             size=size_of((self.tools, requested.json_schema)))
 
@@ -78,11 +84,12 @@ class ToolPlan:
                 {"tool_calls": [{"index": index, "function": {"arguments": call.arguments}}]}]
 
 
-def plan_tools(req: ChatCompletionRequest) -> ToolPlan:
+def plan_tools(req: ChatCompletionRequest, fmt: ToolFormat = HERMES) -> ToolPlan:
+    """What ``req``'s tools mean, for a checkpoint whose calls are written in ``fmt``."""
     legacy = [name for name in ("functions", "function_call") if getattr(req, name) is not None]
     if not legacy:
         named = _named_tool(req.tool_choice)
-        return _plan(normalize_tools(req.tools), req.tool_choice, named,
+        return _plan(normalize_tools(req.tools), req.tool_choice, named, fmt,
                      parallel=req.parallel_tool_calls, params=("tools", "tool_choice"))
     if req.tools is not None or req.tool_choice is not None:
         raise APIError(400, "give functions/function_call (deprecated) or tools/tool_choice, "
@@ -92,7 +99,7 @@ def plan_tools(req: ChatCompletionRequest) -> ToolPlan:
     if named is not None:
         choice = "named"
     # A legacy message holds one call, so even an unforced choice makes no parallel calls.
-    return _plan(_functions(req.functions), choice, named, parallel=False,
+    return _plan(_functions(req.functions), choice, named, fmt, parallel=False,
                  params=("functions", "function_call"), legacy=True)
 
 
@@ -140,13 +147,15 @@ def _functions(functions: Any) -> list[dict[str, Any]] | None:
     return normalize_tools([{"type": "function", "function": fn} for fn in functions])
 
 
-def _plan(tools: list[dict[str, Any]] | None, choice: Any, named: str | None, *,
-          parallel: bool, params: tuple[str, str], legacy: bool = False) -> ToolPlan:
+def _plan(tools: list[dict[str, Any]] | None, choice: Any, named: str | None,
+          fmt: ToolFormat, *, parallel: bool, params: tuple[str, str],
+          legacy: bool = False) -> ToolPlan:
     tools_param, choice_param = params
+    parallel = parallel and fmt.parallel_calls
     if choice is None:
         choice = "auto" if tools else "none"
     if choice == "none":
-        return ToolPlan(None, False, None, legacy)
+        return ToolPlan(None, False, None, legacy, format=fmt)
     if not tools:
         raise APIError(400, f"{choice_param} {choice if named is None else named!r} needs "
                             f"{tools_param}", param=choice_param)
@@ -155,6 +164,7 @@ def _plan(tools: list[dict[str, Any]] | None, choice: Any, named: str | None, *,
                             f"{tools_param}", param=choice_param)
     forced = named is not None or choice == "required"
     constraint = (Constraint(choice_param, write=partial(
-        tool_call_grammar, tools, only=named, parallel=parallel and named is None,
+        fmt.grammar, tools, only=named, parallel=parallel and named is None,
         param=tools_param), size=size_of(tools)) if forced else None)
-    return ToolPlan(tools, True, constraint, legacy, parallel=parallel and named is None)
+    return ToolPlan(tools, True, constraint, legacy, parallel=parallel and named is None,
+                    format=fmt)

@@ -40,6 +40,7 @@ from izh_trio.frontend.response_store import (
 from izh_trio.frontend.responses.runs import Runs
 from izh_trio.frontend.settings import Settings
 from izh_trio.frontend.tokenizer import ModelTokenizer
+from izh_trio.frontend.tool_formats import HERMES, ToolFormat, choose_tool_format
 from izh_trio.wire import Ready
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,8 @@ class Server:
         self.offload = Offload()
         #: Which prompts are too long by their size alone (set with the tokenizer).
         self.prompt_size = PromptSize(None)
+        #: The checkpoint's tool-call syntax (chosen with the tokenizer; ``tool_formats``).
+        self.tool_format: ToolFormat = HERMES
         #: Where request grammars are compiled before admission (subprocesses, on demand).
         self.grammars = GrammarPool(self._grammar_spec)
         #: The Responses API's store (opened at start), the background responses running
@@ -129,6 +132,10 @@ class Server:
         heap.map_big_buffers()  # before the tokenizer's and requests' big allocations
         self._tokenizer = await trio.to_thread.run_sync(ModelTokenizer, self.model_dir)
         self.prompt_size = await trio.to_thread.run_sync(PromptSize.of, self.tokenizer.tokenizer)
+        template = self.tokenizer.chat_template
+        self.tool_format = choose_tool_format(
+            self.settings.tool_call_parser, None if template is None else template.source,
+            self.tokenizer.tokenizer.token_to_id)
         await nursery.start(self._supervise)
         # Start-up objects (tokenizer, templates, imports) live as long as the server: keep
         # them out of every later collection, which then only walks per-request garbage.

@@ -16,6 +16,7 @@ from izh_trio.frontend.metrics_names import prefix_is_valid
 from izh_trio.frontend.response_store.factory import check_url
 from izh_trio.frontend.response_store.protocol import DEFAULT_MAX_ROWS, DEFAULT_TTL_S
 from izh_trio.frontend.setting_fields import given_env, setting
+from izh_trio.frontend.tool_formats.choose import TOOL_CALL_PARSERS
 from izh_trio.wire import EngineConfig
 from izh_trio.wire.log_format import FORMATS as LOG_FORMATS
 from izh_trio.wire.log_format import LEVELS as LOG_LEVELS
@@ -71,6 +72,9 @@ class Settings:
     served_model_name: str | None = setting(
         None, "the model's name in the API (default: the model directory's name)",
         metavar="NAME")
+    tool_call_parser: str = setting(
+        "auto", "the model's tool-call syntax (auto: read from its chat template and tokens)",
+        choices=TOOL_CALL_PARSERS)
     host: str = setting("127.0.0.1", "address to listen on")
     port: int = setting(8000, "port to listen on", validator=[v.ge(0), v.le(65535)])
     max_model_len: int | None = setting(

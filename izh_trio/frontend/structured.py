@@ -153,18 +153,21 @@ def rerooted(schema: Any, base: str) -> Any:
     return out
 
 
-def tool_call_grammar(tools: list[dict[str, Any]], *, only: str | None, parallel: bool,
-                      or_json: dict[str, Any] | bool | None = None,
-                      param: str = "tools") -> str:
-    """Qwen3's native calls: ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``,
-    or, given ``or_json``, alternatively one JSON value of that schema (a text answer in the
-    response format the request asked for).
+def tool_call_schema(tools: list[dict[str, Any]], *, only: str | None, param: str = "tools",
+                     args_key: str = "arguments", or_json: dict[str, Any] | bool | None = None,
+                     embed_answer: bool = True) -> dict[str, Any]:
+    """One JSON schema for a call of any offered tool (or of ``only``):
+    ``{"name": <const>, <args_key>: <its parameters>}``, with, given ``or_json``, that answer
+    schema as a further alternative (``$defs/answer``) unless ``embed_answer`` is false (the
+    caller offers it as a rule of its own; it is still bounded with the tools).
 
     Each tool's parameters become ``$defs/tool_<i>`` of one document, their own references
     re-rooted there, so that ``$defs``/``definitions`` and recursion resolve as they would
     in the schema alone. The schemas are bounded (``grammar_limits``) one by one and
     together; an error names ``param`` (``tools``, or the legacy ``functions``)."""
-    variants, defs, sizes = [], {}, []
+    variants: list[dict[str, Any]] = []
+    defs: dict[str, Any] = {}
+    sizes = []
     if or_json is not None:
         sizes.append(check_schema(or_json, param, "the response format's schema"))
     for i, tool in enumerate(tools):
@@ -177,17 +180,36 @@ def tool_call_grammar(tools: list[dict[str, Any]], *, only: str | None, parallel
         variants.append({
             "type": "object",
             "properties": {"name": {"const": fn["name"]},
-                           "arguments": {"$ref": f"#/$defs/tool_{i}"}},
-            "required": ["name", "arguments"],
+                           args_key: {"$ref": f"#/$defs/tool_{i}"}},
+            "required": ["name", args_key],
             "additionalProperties": False,
         })
     check_schema_totals(sizes, param, "the tools' parameter schemas")
-    schema = {"anyOf": variants, "$defs": defs, "x-guidance": _JSON_OPTIONS}
+    if embed_answer and or_json is not None and or_json is not False:  # false: no answer
+        defs["answer"] = rerooted(or_json, "#/$defs/answer") if isinstance(or_json, dict) \
+            else {}
+        variants.append({"$ref": "#/$defs/answer"})
+    return {"anyOf": variants, "$defs": defs, "x-guidance": _JSON_OPTIONS}
+
+
+def json_answer(or_json: dict[str, Any] | bool) -> str:
+    """The Lark rule of a JSON answer in the response format, beside free calls."""
+    answer = {**(or_json if isinstance(or_json, dict) else {}), "x-guidance": _JSON_OPTIONS}
+    return f"answer: %json {json.dumps(answer)}"
+
+
+def tool_call_grammar(tools: list[dict[str, Any]], *, only: str | None, parallel: bool,
+                      or_json: dict[str, Any] | bool | None = None,
+                      param: str = "tools") -> str:
+    """Qwen3's native calls: ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``,
+    or, given ``or_json``, alternatively one JSON value of that schema (a text answer in the
+    response format the request asked for)."""
+    schema = tool_call_schema(tools, only=only, param=param, or_json=or_json,
+                              embed_answer=False)
     calls = 'call ("\\n" call)*' if parallel else "call"
     start = f"start: {calls}"
     if or_json is not None and or_json is not False:  # (false admits no answer at all)
-        answer = {**(or_json if isinstance(or_json, dict) else {}), "x-guidance": _JSON_OPTIONS}
-        start = f"start: ({calls}) | answer\nanswer: %json {json.dumps(answer)}"
+        start = f"start: ({calls}) | answer\n{json_answer(or_json)}"
     return f'{start}\ncall: <tool_call> "\\n" %json {json.dumps(schema)} "\\n" </tool_call>\n'
 
 

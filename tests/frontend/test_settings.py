@@ -19,6 +19,7 @@ from izh_trio.wire.options import ATTENTION_BACKENDS, CUDA_GRAPHS_MODES, DTYPES
 SAMPLES = {
     "model_dir": (["--model-dir", "/m"], "IZH_MODEL_DIR", "/m"),
     "served_model_name": (["--served-model-name", "name"], "IZH_SERVED_MODEL_NAME", "name"),
+    "tool_call_parser": (["--tool-call-parser", "mistral"], "IZH_TOOL_CALL_PARSER", "mistral"),
     "host": (["--host", "0.0.0.0"], "IZH_HOST", "0.0.0.0"),
     "port": (["--port", "8123"], "IZH_PORT", "8123"),
     "max_model_len": (["--max-model-len", "512"], "IZH_MAX_MODEL_LEN", "512"),

@@ -23,6 +23,7 @@ from izh_trio.frontend.errors import APIError
 from izh_trio.frontend.flat_tools import ToolShape
 from izh_trio.frontend.schemas import ChatCompletionRequest
 from izh_trio.frontend.structured import Constraint, json_constraint
+from izh_trio.frontend.tool_formats import HERMES, ToolFormat
 
 #: Anthropic's custom tools; cache_control changes nothing here.
 _TOOLS = ToolShape(kind="custom", default_kind="custom", schema_key="input_schema",
@@ -61,7 +62,7 @@ def _chat_choice(choice: Any) -> tuple[Any, bool]:
     return chat, not disable
 
 
-def tool_plan(tools: Any, choice: Any) -> ToolPlan:
+def tool_plan(tools: Any, choice: Any, fmt: ToolFormat = HERMES) -> ToolPlan:
     """Chat's plan for these tools: what the template shows, what is forced."""
     if tools is not None and not isinstance(tools, list):
         raise _bad("tools", "tools must be an array")
@@ -71,7 +72,7 @@ def tool_plan(tools: Any, choice: Any) -> ToolPlan:
     try:
         return plan_tools(ChatCompletionRequest(messages=None, tools=chat_tools or None,
                                                 tool_choice=chat_choice,
-                                                parallel_tool_calls=parallel))
+                                                parallel_tool_calls=parallel), fmt)
     except APIError as exc:  # said in this API's words
         if exc.param == "tool_choice":
             exc.message = exc.message.replace("'required'", "'any'")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from izh_trio.frontend import sse
-from izh_trio.frontend.chat_parser import THINK_OPEN, ChatOutputParser
+from izh_trio.frontend.chat_parser import THINK_OPEN
 from izh_trio.frontend.chat_tools import ToolPlan
 from izh_trio.frontend.errors import APIError
 from izh_trio.frontend.generation import ChoiceDelta, ChoiceSpec
@@ -30,7 +30,7 @@ class MessagesOutput:
                  show_thinking: bool = True, opened: bool = False) -> None:
         self._head = head
         self._tally = Tally([spec])
-        self._parser = ChatOutputParser(tools=plan.parse)
+        self._parser = plan.parser()
         if opened:  # the prompt opened the think block: the output starts inside it
             self._parser.feed(THINK_OPEN)
         self._blocks = Blocks(show_thinking=show_thinking)

@@ -42,7 +42,7 @@ async def render(server: Server, req: PromptFields,
     """The request's prompt ids, its tool plan and its thinking, checked. Thinking with a
     budget (type ``enabled``) is thinking for sure: the prompt opens the think block, and
     the engine closes it when the budget is spent. Adaptive thinking is the model's choice."""
-    plan = tool_plan(req.tools, req.tool_choice)
+    plan = tool_plan(req.tools, req.tool_choice, server.tool_format)
     think = thinking(req.thinking, max_tokens)
     if think.enabled and plan.forced is not None:
         raise APIError(400, "thinking may not be enabled when tool_choice forces tool use "
@@ -99,7 +99,8 @@ async def messages_job(intake: Intake[MessagesRequest]) -> Job:
                               think_end=prompt.think_end)
     spec = ChoiceSpec(index=0, prompt_ids=prompt.ids, params=params, stop=req.stops,
                       include_stop_str=False, skip_special_tokens=True,
-                      keep_special=server.tokenizer.ids_of(MARKERS))
+                      keep_special=server.tokenizer.ids_of(
+                          (*MARKERS, *prompt.plan.format.markers)))
     plan, think = prompt.plan, prompt.thinking
 
     def output(head: Head) -> MessagesOutput:

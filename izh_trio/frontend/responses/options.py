@@ -17,6 +17,7 @@ from izh_trio.frontend.errors import APIError
 from izh_trio.frontend.flat_tools import ToolShape
 from izh_trio.frontend.schemas import REASONING_EFFORTS, ChatCompletionRequest
 from izh_trio.frontend.structured import Constraint, json_constraint
+from izh_trio.frontend.tool_formats import HERMES, ToolFormat
 
 SUMMARIES = ("auto", "concise", "detailed")
 VERBOSITIES = ("low", "medium", "high")
@@ -62,7 +63,7 @@ def _chat_choice(choice: Any, tools: list[dict[str, Any]] | None
                               "or allowed_tools")
 
 
-def tool_plan(tools: Any, choice: Any, parallel: bool) -> ToolPlan:
+def tool_plan(tools: Any, choice: Any, parallel: bool, fmt: ToolFormat = HERMES) -> ToolPlan:
     """Chat's plan for these Responses tools: what the template shows, what is forced."""
     if tools is not None and not isinstance(tools, list):
         raise _bad("tools", "tools must be an array")
@@ -71,7 +72,7 @@ def tool_plan(tools: Any, choice: Any, parallel: bool) -> ToolPlan:
     chat_choice, offered = _chat_choice(choice, chat_tools)
     return plan_tools(ChatCompletionRequest(messages=None, tools=offered,
                                             tool_choice=chat_choice,
-                                            parallel_tool_calls=parallel))
+                                            parallel_tool_calls=parallel), fmt)
 
 
 def text_format(text: Any) -> tuple[Constraint | None, dict[str, Any]]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import attrs
 
-from izh_trio.frontend.chat_parser import ChatOutputParser, Event, ToolCall
+from izh_trio.frontend.chat_parser import Event, ToolCall
 from izh_trio.frontend.chat_tools import ToolPlan
 from izh_trio.frontend.generation import ChoiceDelta
 from izh_trio.frontend.openai_shapes import TokenText, chat_logprobs
@@ -106,7 +106,7 @@ class OutputItems:
                  emit: Emit) -> None:
         self.items: list[Item] = []
         self.reasoning = reasoning
-        self._parser = ChatOutputParser(tools=plan.parse)
+        self._parser = plan.parser()
         self._text_of = text_of  # None: no logprobs asked for
         self._pending: list[dict[str, Any]] = []  # logprobs of text not yet said
         self._emit = emit

@@ -55,7 +55,7 @@ async def responses_job(intake: Intake[ResponsesRequest]) -> Job:
                             "text.format", param="response_format")
     model, lora = resolve_model(server, req.model, req.lora)
     salt = request_salt(req)
-    plan = tool_plan(req.tools, req.tool_choice, req.parallel_tool_calls)
+    plan = tool_plan(req.tools, req.tool_choice, req.parallel_tool_calls, server.tool_format)
     requested, text_echo = text_format(req.text)
     vllm = request_constraint({k: intake.body[k] for k in _VLLM_CONSTRAINTS
                                if k in intake.body})
@@ -91,7 +91,7 @@ async def responses_job(intake: Intake[ResponsesRequest]) -> Job:
     spec = ChoiceSpec(index=0, prompt_ids=prompt_ids, params=params, stop=req.stop,
                       include_stop_str=req.include_stop_str_in_output,
                       skip_special_tokens=req.skip_special_tokens,
-                      keep_special=tokenizer.ids_of(MARKERS))
+                      keep_special=tokenizer.ids_of((*MARKERS, *plan.format.markers)))
     text_of = TokenText(tokenizer.tokenizer) if req.logprobs is not None else None
     think, unthink = (tokenizer.tokenizer.token_to_id(tag) for tag in (THINK_OPEN, THINK_CLOSE))
     echo = _echo(req, params, text=text_echo, reasoning=reasoning_echo)

@@ -31,7 +31,7 @@ async def chat_job(intake: Intake[ChatCompletionRequest]) -> Job:
     salt = request_salt(req)
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
-    plan = plan_tools(req)
+    plan = plan_tools(req, server.tool_format)
     constraint = await checked_constraint(server,
                                           plan.constraint(request_constraint(intake.body)))
     prompt_ids = await render_prompt(server, req, plan)
@@ -45,7 +45,7 @@ async def chat_job(intake: Intake[ChatCompletionRequest]) -> Job:
                                           logprobs=logprobs, index=i, grammar=grammar),
                    stop=req.stop, include_stop_str=req.include_stop_str_in_output,
                    skip_special_tokens=req.skip_special_tokens,
-                   keep_special=server.tokenizer.ids_of(MARKERS))
+                   keep_special=server.tokenizer.ids_of((*MARKERS, *plan.format.markers)))
         for i in range(req.n)
     ]
     text_of = TokenText(server.tokenizer.tokenizer) if req.logprobs else None
