@@ -15,7 +15,7 @@ from pathlib import Path
 
 import trio
 
-from izh_trio.frontend import heap
+from izh_trio.frontend import heap, tracing
 from izh_trio.frontend.admission import Admission
 from izh_trio.frontend.engine_client import (
     ClientState,
@@ -128,6 +128,7 @@ class Server:
         self.model_name = self.settings.model_name(self.model_dir)
         if self.model_name in self.loras:
             raise ValueError(f"LoRA adapter name {self.model_name!r} is the served model's name")
+        tracing.start(self.settings.otlp_traces_endpoint, self.model_name)
         await self._open_store(nursery)
         heap.map_big_buffers()  # before the tokenizer's and requests' big allocations
         self._tokenizer = await trio.to_thread.run_sync(ModelTokenizer, self.model_dir)
@@ -227,6 +228,7 @@ class Server:
         await self._supervisor_done.wait()
         if self.store is not None:
             await self.store.aclose()
+        await tracing.shutdown()  # the last requests' spans: flushed, within a deadline
 
     def _transition(self, new: ServerState) -> None:
         if new not in _NEXT[self.state]:

@@ -17,6 +17,7 @@ from izh_trio.frontend.response_store.factory import check_url
 from izh_trio.frontend.response_store.protocol import DEFAULT_MAX_ROWS, DEFAULT_TTL_S
 from izh_trio.frontend.setting_fields import given_env, setting
 from izh_trio.frontend.tool_formats.choose import TOOL_CALL_PARSERS
+from izh_trio.frontend.tracing import check_endpoint
 from izh_trio.wire import EngineConfig
 from izh_trio.wire.log_format import FORMATS as LOG_FORMATS
 from izh_trio.wire.log_format import LEVELS as LOG_LEVELS
@@ -49,6 +50,10 @@ _optional_path = attrs.converters.optional(Path)
 def zero_is_none(default: float, text: str) -> Any:
     """A limit that 0 turns off: not negative, and its help says so."""
     return setting(default, f"{text} (0: none)", validator=v.ge(0))
+
+
+def _traces_endpoint(_instance: object, _attribute: object, url: str | None) -> None:
+    check_endpoint(url)  # imports nothing of OpenTelemetry
 
 
 def _store_url(_instance: object, _attribute: object, url: str | None) -> None:
@@ -155,6 +160,11 @@ class Settings:
         choices=LOG_FORMATS)
     log_level: str = setting("INFO", "the server's log level", choices=LOG_LEVELS,
                              converter=str.upper)
+    otlp_traces_endpoint: str | None = setting(
+        None, "OpenTelemetry: a span per generation request, sent to this OTLP/HTTP collector "
+        "(/v1/traces is added to an address without a path); needs izh-trio[otel] "
+        "(default: no tracing)", validator=_traces_endpoint,
+        metavar="URL")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:

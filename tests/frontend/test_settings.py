@@ -48,6 +48,7 @@ SAMPLES = {
     "max_stream_buffer_tokens": (["--max-stream-buffer-tokens", "100"],
                                  "IZH_MAX_STREAM_BUFFER_TOKENS", "100"),
     "stream_interval": (["--stream-interval", "4"], "IZH_STREAM_INTERVAL", "4"),
+    "metrics_prefix": (["--metrics-prefix", "vllm"], "IZH_METRICS_PREFIX", "vllm"),
     "max_engine_restarts": (["--max-engine-restarts", "0"], "IZH_MAX_ENGINE_RESTARTS", "0"),
     "startup_timeout": (["--startup-timeout", "60"], "IZH_STARTUP_TIMEOUT", "60"),
     "lora_modules": (["--lora-modules", "a=/a", "b=/b"], "IZH_LORA_MODULES", "a=/a,b=/b"),
@@ -62,6 +63,8 @@ SAMPLES = {
                                 "IZH_RESPONSE_STORE_MAX_ROWS", "5"),
     "log_format": (["--log-format", "json"], "IZH_LOG_FORMAT", "json"),
     "log_level": (["--log-level", "warning"], "IZH_LOG_LEVEL", "Warning"),
+    "otlp_traces_endpoint": (["--otlp-traces-endpoint", "http://127.0.0.1:4318"],
+                             "IZH_OTLP_TRACES_ENDPOINT", "http://127.0.0.1:4318"),
 }
 
 

@@ -13,13 +13,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 import trio
 from quart import Blueprint, Request, Response, request
 
-from izh_trio.frontend import access_log, request_scope, sse
+from izh_trio.frontend import access_log, request_scope, sse, tracing
 from izh_trio.frontend.admission import Ticket
 from izh_trio.frontend.auth import bearer_token
 from izh_trio.frontend.errors import APIError
@@ -35,6 +35,9 @@ from izh_trio.frontend.server import Server
 from izh_trio.frontend.serving.api import Head, Job, Keepalive, Output
 from izh_trio.frontend.serving.intake import Intake, deadline_of, read_request, request_id
 
+if TYPE_CHECKING:
+    from izh_trio.frontend.request_trace import RequestTrace
+
 R = TypeVar("R", bound=attrs.AttrsInstance)  # a request schema
 
 log = logging.getLogger(__name__)
@@ -43,19 +46,23 @@ log = logging.getLogger(__name__)
 MAX_CHOICES = 64
 
 
-async def serve(schema: type[R], translate: Callable[[Intake[R]], Awaitable[Job]]
-                ) -> Response | dict[str, Any]:
+async def serve(schema: type[R], translate: Callable[[Intake[R]], Awaitable[Job]],
+                trace: RequestTrace | None = None) -> Response | dict[str, Any]:
     """The current request's answer: its body read by ``schema``, translated into a
     :class:`Job` by the API's ``translate``, run. Or an :class:`APIError` (400, 404, 429,
-    503...) raised before any byte is sent."""
+    503...) raised before any byte is sent. ``trace``: the request's span (tracing on)."""
     intake = await read_request(schema)
     job = await translate(intake)
+    if trace is not None:
+        trace.planned(job)
     server = intake.server
     plan = GenerationPlan(job.specs, intake.arrival, job.priority, job.cache_salt,
                           deadline_of(request, server), job.lora)
     fingerprint = await system_fingerprint(server)  # (before the ticket: no await holds it)
     ticket = admit(server, request, job.specs)
     head = Head(request_id(request, job.id_prefix), int(time.time()), job.model, fingerprint)
+    if trace is not None:
+        trace.admitted(head)
     output = job.output(head)
     if job.detach is not None:  # run elsewhere (a background response): it owns the ticket
         try:
@@ -65,11 +72,15 @@ async def serve(schema: type[R], translate: Callable[[Intake[R]], Awaitable[Job]
             raise
     if job.stream:
         generation = await _open_streamed(server, plan, ticket)
+        if trace is not None:
+            trace.opened(generation)
         return Response(_events(generation, output, job.finish, job.keepalive),
                         mimetype="text/event-stream", headers=sse.HEADERS)
     try:
         with ticket:
             async with open_generation(server.generation_context(), plan) as generation:
+                if trace is not None:
+                    trace.opened(generation)
                 while deltas := await generation.next():
                     for delta in deltas:
                         output.add(delta)
@@ -89,7 +100,13 @@ def generation_route(name: str, path: str, schema: type[R],
     bp = Blueprint(name, __name__)
 
     async def route() -> Response | dict[str, Any]:
-        return await serve(schema, translate)
+        if tracing.tracer is None:  # tracing off: OpenTelemetry is never imported
+            return await serve(schema, translate)
+        from izh_trio.frontend.request_trace import RequestTrace
+
+        trace = RequestTrace(tracing.tracer, name, request)
+        request_scope.at_exit(trace.end)  # however the request ends, a stream's too
+        return await serve(schema, translate, trace)
 
     bp.add_url_rule(path, name, route, methods=["POST"])
     return bp

@@ -1,0 +1,147 @@
+"""One generation request's span, in OpenTelemetry's GenAI semantic conventions.
+
+Imported only while tracing is on (``serving.pipeline`` checks ``tracing.tracer`` first).
+The span is a SERVER span, child of the request's W3C ``traceparent`` when it has one. It
+starts when the route is entered and ends when the request's ASGI call does
+(``request_scope``), so a stream's span covers its whole body and a client that left is
+seen. Its events carry times the frontend already took: ``queued`` (the engine requests
+sent to the core), ``first_token`` (the first output back) and ``end``, whose
+``izh.end_cause`` says why it ended: the engine finished it, or what stopped it (a stop
+string, the deadline, a drain, a slow client, a disconnect, an error, a refusal).
+
+A request refused before any generation (4xx) still gets its span, with
+``http.response.status_code`` and ``error.type``; its status is left unset, as OpenTelemetry's
+HTTP server spans leave a 4xx, and only a 5xx (or an error inside a stream) is an ERROR. No
+prompt or output text, and no 4xx message (it may quote the request), is recorded.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from quart import Request
+
+from izh_trio.frontend import access_log
+from izh_trio.frontend.generation import Generation
+from izh_trio.frontend.serving.api import Head, Job
+
+log = logging.getLogger(__name__)
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+#: gen_ai.operation.name of each generation route (the pipeline's route names).
+OPERATIONS = {"chat": "chat", "completions": "text_completion", "responses": "chat",
+              "messages": "chat"}
+SYSTEM = "izh_trio"
+
+
+class RequestTrace:
+    """The span of the current request; the pipeline tells it what it learns."""
+
+    def __init__(self, tracer: Tracer, route: str, request: Request) -> None:
+        # The frontend's times are time.monotonic(); a span's are nanoseconds since the epoch.
+        self._epoch = time.time_ns() - time.monotonic_ns()
+        self._start = time.monotonic()
+        carrier = {name: value for name in _PROPAGATOR.fields
+                   if (value := request.headers.get(name)) is not None}
+        self._operation = OPERATIONS.get(route, route)
+        self.span: Span = tracer.start_span(
+            self._operation, context=_PROPAGATOR.extract(carrier), kind=SpanKind.SERVER,
+            start_time=self._ns(self._start), attributes={
+                "gen_ai.operation.name": self._operation,
+                "gen_ai.system": SYSTEM,
+                "http.request.method": request.method,
+                "url.path": request.path,
+            })
+        self._generation: Generation | None = None
+        self._detached = False
+
+    def _ns(self, monotonic: float) -> int:
+        return self._epoch + int(monotonic * 1e9)
+
+    def planned(self, job: Job) -> None:
+        """The request, translated: its model and sampling parameters."""
+        self._detached = job.detach is not None
+        self.span.update_name(f"{self._operation} {job.model}")
+        self.span.set_attributes(request_attributes(job))
+
+    def admitted(self, head: Head) -> None:
+        self.span.set_attribute("gen_ai.response.id", head.id)
+
+    def opened(self, generation: Generation) -> None:
+        """Its engine requests were just sent to the core."""
+        self._generation = generation
+        self.span.add_event("queued", timestamp=self._ns(time.monotonic()))
+
+    def end(self) -> None:
+        """The request's ASGI call is ending: what it came to, then the span's end."""
+        try:
+            self._end(time.monotonic())
+        except Exception:  # a trace must never fail the request it describes
+            log.warning("tracing: a request's span could not be ended", exc_info=True)
+
+    def _end(self, now: float) -> None:
+        span, generation = self.span, self._generation
+        record = access_log.current()
+        status = None if record is None else record.error_status or record.status
+        cause: str | None = None
+        if generation is not None:
+            first = generation.first_token
+            if first is not None:
+                span.add_event("first_token", timestamp=self._ns(first), attributes={
+                    "izh.time_to_first_token_s": first - self._start})
+            totals = generation.totals()
+            span.set_attributes({
+                "gen_ai.usage.input_tokens": totals.prompt_tokens,
+                "gen_ai.usage.output_tokens": totals.completion_tokens,
+                "gen_ai.usage.cache_read.input_tokens": totals.cached_tokens,
+                "gen_ai.response.finish_reasons": totals.finish_reasons,
+            })
+            end_cause = generation.end_cause
+            cause = None if end_cause is None else end_cause.value
+        if cause is None:  # no generation, or one left before it ended
+            cause = ("disconnect" if record is not None and record.disconnected
+                     else "detached" if self._detached and generation is None
+                     else "refused" if status is not None and status < 500
+                     else "error")
+        span.add_event("end", timestamp=self._ns(now), attributes={"izh.end_cause": cause})
+        if status is not None:
+            span.set_attribute("http.response.status_code", status)
+            if status >= 400:
+                span.set_attribute("error.type", str(status))
+            if status >= 500:
+                message = record.error if record is not None else None
+                span.set_status(Status(StatusCode.ERROR, message))
+        span.end(end_time=self._ns(now))
+
+
+def request_attributes(job: Job) -> dict[str, Any]:
+    """gen_ai.request.* of a job (its first choice's parameters: a request's choices share
+    them), and the frontend's own (stream, LoRA adapter, priority)."""
+    params = job.specs[0].params
+    attributes: dict[str, Any] = {
+        "gen_ai.request.model": job.model,
+        "gen_ai.response.model": job.model,
+        "gen_ai.request.max_tokens": max(spec.params.max_tokens for spec in job.specs),
+        "gen_ai.request.temperature": params.temperature,
+        "gen_ai.request.top_p": params.top_p,
+        "gen_ai.request.frequency_penalty": params.frequency_penalty,
+        "gen_ai.request.presence_penalty": params.presence_penalty,
+        "izh.stream": job.stream,
+    }
+    if params.top_k > 0:
+        attributes["gen_ai.request.top_k"] = params.top_k
+    if params.seed is not None:
+        attributes["gen_ai.request.seed"] = params.seed
+    if job.specs[0].stop:
+        attributes["gen_ai.request.stop_sequences"] = list(job.specs[0].stop)
+    if len(job.specs) != 1:
+        attributes["gen_ai.request.choice.count"] = len(job.specs)
+    if job.lora is not None:
+        attributes["izh.lora_adapter"] = job.lora
+    if job.priority:
+        attributes["izh.priority"] = job.priority
+    return attributes
