@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import bisect
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -13,10 +15,11 @@ from izh_trio.engine.logprobs import token_logprobs
 from izh_trio.engine.lora.adapter import LoraError
 from izh_trio.engine.model_runner import ModelRunner
 from izh_trio.engine.sampler import Sampler
-from izh_trio.engine.scheduler import Scheduler, SchedulerConfig
+from izh_trio.engine.scheduler import ScheduledSeq, Scheduler, SchedulerConfig
 from izh_trio.engine.sequence import Sequence
 from izh_trio.engine.thread_plan import ThreadPlan
 from izh_trio.wire import (
+    ITERATION_TOKENS_BUCKETS,
     AddRequest,
     EngineConfig,
     FinishReason,
@@ -62,6 +65,11 @@ class EngineCore:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.step_seconds_total = 0.0
+        self.prompt_tokens_cached_total = 0
+        #: Steps by tokens computed, per ``ITERATION_TOKENS_BUCKETS`` bound and one above.
+        self.iteration_tokens = [0] * (len(ITERATION_TOKENS_BUCKETS) + 1)
+        self.iteration_tokens_sum = 0
+        self._lora_name_of: dict[str, str] = {}  # request id -> its adapter's name
 
     def ready(self) -> Ready:
         cfg = self.runner.model_config
@@ -72,6 +80,7 @@ class EngineCore:
                 dtype=str(self.runner.dtype).removeprefix("torch."),
                 eos_token_ids=cfg.eos_token_ids,
             ),
+            num_kv_blocks=self.runner.num_blocks,
         )
 
     @property
@@ -95,6 +104,7 @@ class EngineCore:
             if lora_id is not None:
                 lora.retain(lora_id)
                 self._lora_of[req.request_id] = lora_id
+                self._lora_name_of[req.request_id] = req.lora_name
         self.scheduler.add(Sequence(
             request_id=req.request_id,
             token_ids=list(req.prompt_token_ids),
@@ -149,6 +159,7 @@ class EngineCore:
     def _forget(self, request_id: str) -> None:
         self.sampler.forget(request_id)
         self.guided.forget(request_id)
+        self._lora_name_of.pop(request_id, None)
         lora, lora_id = self.runner.lora, self._lora_of.pop(request_id, None)
         if lora is not None and lora_id is not None:
             lora.release(lora_id)
@@ -162,6 +173,7 @@ class EngineCore:
         if switched:
             torch.set_num_threads(threads)
             self._threads_now = threads
+        self._count_iteration(batch)
         started = time.perf_counter()
         step = self.runner.execute(batch)
         seqs = [item.seq for item in step.sampling]
@@ -181,6 +193,17 @@ class EngineCore:
             if token is not None and (out := self._emit(item.seq, token, logprobs, reason)):
                 outputs.append(out)
         return outputs
+
+    def _count_iteration(self, batch: list[ScheduledSeq]) -> None:
+        """The step's size for the iteration-tokens histogram; a request's first step."""
+        now = time.monotonic()
+        tokens = 0
+        for item in batch:
+            tokens += item.num_new_tokens
+            if item.seq.scheduled_at is None:
+                item.seq.scheduled_at = now
+        self.iteration_tokens[bisect.bisect_left(ITERATION_TOKENS_BUCKETS, tokens)] += 1
+        self.iteration_tokens_sum += tokens
 
     def take_failures(self) -> list[RequestFailed]:
         """The requests that broke while they ran since the last call (their blocks are
@@ -206,8 +229,12 @@ class EngineCore:
         num_output = seq.num_output_tokens
         first = num_output == 1
         self.generation_tokens_total += 1
+        timing = None
         if first:
             self.prompt_tokens_total += seq.num_prompt_tokens
+            self.prompt_tokens_cached_total += seq.num_cached_tokens
+            scheduled = seq.scheduled_at if seq.scheduled_at is not None else seq.added_at
+            timing = (scheduled - seq.added_at, time.monotonic() - scheduled)
         if reason is not None:
             self.scheduler.finish(seq, reason)
             self._forget(seq.request_id)
@@ -222,6 +249,7 @@ class EngineCore:
             logprobs=(logprobs,) if logprobs is not None else None,
             prompt_logprobs=(tuple(seq.prompt_logprobs)
                              if first and seq.params.prompt_logprobs is not None else None),
+            first_token_timing=timing,
         )
 
     def _score_prompt(self, seq: Sequence, logits: torch.Tensor) -> None:
@@ -247,4 +275,15 @@ class EngineCore:
             prefix_cache_hits=self.block_manager.prefix_hits,
             step_seconds_total=self.step_seconds_total,
             step_threads=self._threads_now,
+            prompt_tokens_cached_total=self.prompt_tokens_cached_total,
+            iteration_tokens=tuple(self.iteration_tokens),
+            iteration_tokens_sum=self.iteration_tokens_sum,
+            running_loras=self._loras_of(self.scheduler.running),
+            waiting_loras=self._loras_of(self.scheduler.waiting),
         )
+
+    def _loras_of(self, seqs: Iterable[Sequence]) -> tuple[str, ...]:
+        names = self._lora_name_of
+        if not names:
+            return ()
+        return tuple(sorted({names[s.request_id] for s in seqs if s.request_id in names}))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import time
 
 import attrs
 
@@ -54,6 +55,9 @@ class Sequence:
     prompt_logprobs: list[TokenLogprobs] = attrs.field(init=False, factory=list)
     #: The LoRA slot its adapter occupies, set while it runs (the scheduler pins it).
     lora_slot: int | None = attrs.field(init=False, default=None)
+    #: When the core took it, and when a step first ran it (its queue and prefill times).
+    added_at: float = attrs.field(init=False, factory=time.monotonic)
+    scheduled_at: float | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
         self.num_prompt_tokens = len(self.token_ids)

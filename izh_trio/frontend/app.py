@@ -16,6 +16,7 @@ from izh_trio.frontend.auth import OPEN_PATHS, authorized, bearer_token, key_byt
 from izh_trio.frontend.errors import APIError, error_body
 from izh_trio.frontend.messages.errors import anthropic_error, anthropic_status, speaks_anthropic
 from izh_trio.frontend.messages.route import bp as messages_bp
+from izh_trio.frontend.metrics import refusal_of
 from izh_trio.frontend.request_scope import with_request_scope
 from izh_trio.frontend.responses.route import bp as responses_bp
 from izh_trio.frontend.routes import BLUEPRINTS
@@ -64,14 +65,20 @@ def create_app(settings: Settings) -> QuartTrio:
             response.headers[REQUEST_ID_HEADER] = rid
         return response
 
+    def _count_refusal(status: int, code: str | None) -> None:
+        if (cause := refusal_of(status, code)) is not None:
+            server.metrics.requests.refused(cause)
+
     @app.errorhandler(APIError)
     async def _api_error(exc: APIError) -> Any:
+        _count_refusal(exc.status, exc.code)
         return _error(exc.status, exc.message, param=exc.param, code=exc.code,
                       headers=exc.headers)
 
     @app.errorhandler(HTTPException)
     async def _http_error(exc: HTTPException) -> Any:
         status = exc.code or 500
+        _count_refusal(status, None)
         headers = {"Allow": ", ".join(exc.valid_methods)} if isinstance(
             exc, MethodNotAllowed) and exc.valid_methods else {}
         return _error(status, exc.description or exc.name, headers=headers)

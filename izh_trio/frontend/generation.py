@@ -24,6 +24,7 @@ import trio
 from izh_trio.frontend import access_log
 from izh_trio.frontend.engine_client import EngineClient, EngineUnavailable
 from izh_trio.frontend.errors import APIError
+from izh_trio.frontend.generation_registry import Registry
 from izh_trio.frontend.metrics import Metrics
 from izh_trio.frontend.request_stream import EngineError, Notifier, RequestStream
 from izh_trio.frontend.stop import StopChecker
@@ -96,6 +97,7 @@ class _Choice:
         self.first: float | None = None  # time.monotonic() of its first output
         self.last: float | None = None
         self.counts = (len(spec.prompt_ids), 0, 0)  # prompt, output, cached tokens so far
+        self.timing: tuple[float, float] | None = None  # the core's queue and prefill seconds
 
     def take(self, metrics: Metrics, arrival: float, *, expiring: bool = False
              ) -> ChoiceDelta | None:
@@ -109,10 +111,11 @@ class _Choice:
         now = time.monotonic()
         if self.last is None:
             self.first = now
-            metrics.ttft.observe(now - arrival)
+            metrics.requests.ttft.observe(now - arrival)
             access_log.note_first_token(now - arrival)
+            self.timing = delta.first_token_timing
         else:
-            metrics.itl.observe(now - self.last)
+            metrics.requests.token_gap(now - self.last)
         self.last = now
         finished = delta.finish_reason
         shown, stop_token = delta.token_ids, delta.stop_token_id
@@ -150,11 +153,10 @@ class _Choice:
         first, self.started = not self.started, True
         if reason is not None:
             self.done, self.reason = True, reason
-            metrics.e2e.observe(elapsed)
-            metrics.request_success.labels(finished_reason=reason).inc()
+            metrics.requests.ended(reason, elapsed, self.counts, self.timing, None if
+                                   self.first is None else time.monotonic() - self.first)
         return ChoiceDelta(self.spec.index, text, token_ids, logprobs, prompt_logprobs, reason,
                            stop_reason, *self.counts, first)
-
 
 class Generation:
     def __init__(self, choices: list[_Choice], notifier: Notifier, metrics: Metrics,
@@ -203,6 +205,15 @@ class Generation:
         """Hand the access log this generation's totals."""
         access_log.note_generation(**attrs.asdict(self.totals()))
 
+    def settle(self) -> None:
+        """Count, once, the request's parameters and what cut it short (``settled``)."""
+        cause, first = self.end_cause, self._choices[0].spec
+        self._metrics.requests.settled(
+            cause.value if cause is not None else None,
+            [(*c.counts, c.done) for c in self._choices],
+            sum(c.spec.prompt_index == first.prompt_index for c in self._choices),
+            first.params.max_tokens)
+
     async def next(self) -> list[ChoiceDelta]:
         """The deltas that arrived since the last call; an empty list once every choice ended."""
         expired = False
@@ -246,23 +257,6 @@ class GenerationPlan:
     lora_name: str | None = None
 
 
-class Registry:
-    """The generations open now, so that a drain can fail whatever is left of them."""
-
-    def __init__(self) -> None:
-        self._open: set[Generation] = set()
-
-    def add(self, generation: Generation) -> None:
-        self._open.add(generation)
-
-    def discard(self, generation: Generation) -> None:
-        self._open.discard(generation)
-
-    def abort_all(self, reason: str) -> None:
-        for generation in list(self._open):
-            generation.abort(reason)
-
-
 @attrs.frozen
 class GenerationContext:
     """What opening a generation needs of the server: taken when it is opened, since a
@@ -297,4 +291,5 @@ async def open_generation(context: GenerationContext, plan: GenerationPlan
         context.registry.add(generation)
         stack.callback(context.registry.discard, generation)
         stack.callback(generation.report)
+        stack.callback(generation.settle)
         yield generation

@@ -34,22 +34,22 @@ _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5
 class LoopLag:
     """The event loop's lag as metrics: a histogram of every sample and the worst one."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.samples = Histogram("izh:event_loop_lag_seconds",
+    def __init__(self, registry: CollectorRegistry, prefix: str = "izh") -> None:
+        self.samples = Histogram(f"{prefix}:event_loop_lag_seconds",
                                  f"How much later than asked the HTTP process's event loop "
                                  f"woke a task sleeping {PERIOD * 1000:.0f} ms.",
                                  buckets=_BUCKETS, registry=registry)
-        self.worst = Gauge("izh:event_loop_lag_max_seconds",
+        self.worst = Gauge(f"{prefix}:event_loop_lag_max_seconds",
                            "The worst event-loop lag seen since the server began serving.",
                            registry=registry)
         self._worst = 0.0
 
-        self.stalls = Counter("izh:event_loop_stalls",
+        self.stalls = Counter(f"{prefix}:event_loop_stalls",
                               f"Late wake-ups during which this process ran "
                               f"{WARN_AFTER * 1000:.0f} ms or more (its own work, not the "
                               "machine's load).",
                               registry=registry)
-        self.gc_pauses = Histogram("izh:gc_pause_seconds",
+        self.gc_pauses = Histogram(f"{prefix}:gc_pause_seconds",
                                    "Garbage collections of the HTTP process, by generation.",
                                    ["generation"], buckets=_BUCKETS, registry=registry)
         self._gc_start = 0.0

@@ -1,8 +1,13 @@
-"""Prometheus metrics with vLLM's names under an ``izh:`` prefix, one registry per app."""
+"""Prometheus metrics with vLLM's names, types, labels and buckets under a prefix (``izh`` by
+default, ``--metrics-prefix vllm`` for vLLM's own names), one registry per app.
+
+What a request's life records is observed here (:class:`RequestMetrics`, bound to the served
+model's name); what the engine counts is read at scrape time (``metrics_engine``).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import enum
 
 from prometheus_client import (
     GC_COLLECTOR,
@@ -13,91 +18,190 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
 
-from izh_trio.frontend.admission import AdmissionStatistics
-from izh_trio.frontend.engine_client import ClientState, ClientStatistics
 from izh_trio.frontend.loop_lag import LoopLag
+from izh_trio.frontend.metrics_engine import (
+    AdmissionStatisticsSource,
+    EngineCollector,
+    EngineStatistics,
+    ServerFacts,
+)
 
 disable_created_metrics()  # the *_created series only add noise to every scrape
 
-_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
-                    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0)
+# vLLM's buckets, so that its dashboards' quantiles read the same.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+               10.0, 20.0, 40.0, 80.0)
+REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+                   60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+#: 1, 2, 5, 10, 20, 50... as vLLM's token-count buckets (it stops at max_model_len).
+TOKEN_BUCKETS = tuple(float(m * 10 ** e) for e in range(7) for m in (1, 2, 5))
+N_BUCKETS = (1, 2, 5, 10, 20)
 
 
-#: The engine client's statistics (None before the first client), and admission's.
-EngineStatistics = Callable[[], ClientStatistics | None]
-AdmissionStatisticsSource = Callable[[], AdmissionStatistics]
+#: The generation end causes (``generation.EndCause``) that are the frontend cutting a
+#: request short, counted as aborts with the client's going away; failures are not aborts.
+CLIENT_DISCONNECT = "client_disconnect"
+ABORT_CAUSES = frozenset({"stop_string", "deadline", "drain", "slow_client"})
+FAILURES = frozenset({"engine_error", "rejected"})
 
 
-class _EngineCollector(Collector):
-    """Gauges read from the ``statistics()`` of the engine client (the core's latest Stats)
-    and of admission at scrape time: no per-step bookkeeping."""
+class RefusalCause(enum.Enum):
+    """Why a request was turned away before it reached the engine."""
 
-    def __init__(self, engine: EngineStatistics, admission: AdmissionStatisticsSource):
-        self._engine = engine
-        self._admission = admission
+    PENDING = "pending"  # 503: --max-pending requests already in flight
+    RATE_LIMIT = "rate_limit"  # 429: the key's token budget
+    TOO_LARGE = "too_large"  # 413: the body exceeds --max-body-bytes
 
-    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        engine = self._engine()
-        s = engine.stats if engine is not None else None
-        healthy = engine is not None and engine.state is ClientState.READY
-        yield GaugeMetricFamily("izh:num_requests_running", "Requests in the running batch.",
-                                value=s.num_running if s else 0)
-        yield GaugeMetricFamily("izh:num_requests_waiting", "Requests waiting to run.",
-                                value=s.num_waiting if s else 0)
-        yield GaugeMetricFamily("izh:kv_cache_usage_perc",
-                                "Fraction of KV-cache blocks held by live requests (0-1).",
-                                value=s.kv_cache_usage if s else 0.0)
-        yield CounterMetricFamily("izh:num_preemptions", "Preemptions by recompute.",
-                                  value=s.num_preemptions if s else 0)
-        yield CounterMetricFamily("izh:prompt_tokens", "Prompt tokens of started requests.",
-                                  value=s.prompt_tokens_total if s else 0)
-        yield CounterMetricFamily("izh:generation_tokens", "Tokens sampled by the engine.",
-                                  value=s.generation_tokens_total if s else 0)
-        queries = s.prefix_cache_queries if s else 0
-        hits = s.prefix_cache_hits if s else 0
-        yield CounterMetricFamily("izh:prefix_cache_queries",
-                                  "Prompt tokens looked up in the prefix cache.", value=queries)
-        yield CounterMetricFamily("izh:prefix_cache_hits",
-                                  "Prompt tokens found in the prefix cache.", value=hits)
-        yield GaugeMetricFamily("izh:prefix_cache_hit_rate",
-                                "Cumulative prefix-cache hit rate (hits / queries).",
-                                value=hits / queries if queries else 0.0)
-        yield CounterMetricFamily("izh:engine_step_seconds",
-                                  "Seconds the engine core spent in steps (model and sampler).",
-                                  value=s.step_seconds_total if s else 0.0)
-        yield GaugeMetricFamily("izh:engine_step_threads",
-                                "Torch threads of the engine's last step (CPU: 0 before one).",
-                                value=s.step_threads if s else 0)
-        yield GaugeMetricFamily("izh:num_requests_in_flight",
-                                "HTTP generations admitted and not yet finished.",
-                                value=self._admission().in_flight)
-        yield GaugeMetricFamily("izh:engine_healthy", "1 while the engine core serves.",
-                                value=1.0 if healthy else 0.0)
+
+def refusal_of(status: int, code: str | None) -> RefusalCause | None:
+    """The refusal an error answer is, if it is one (a 503 is one only at capacity)."""
+    if status == 503:
+        return RefusalCause.PENDING if code == "server_overloaded" else None
+    return {429: RefusalCause.RATE_LIMIT, 413: RefusalCause.TOO_LARGE}.get(status)
+
+
+class RequestMetrics:
+    """The per-request series of one served model (children of :class:`Metrics`' families,
+    looked up once rather than per token)."""
+
+    def __init__(self, metrics: Metrics, model: str) -> None:
+        self.ttft = metrics.ttft.labels(model)
+        self._itl = (metrics.itl.labels(model), metrics.tpot.labels(model))
+        self.e2e = metrics.e2e.labels(model)
+        self._metrics, self._model = metrics, model
+        self._phases = tuple(h.labels(model) for h in (
+            metrics.queue_time, metrics.prefill_time, metrics.decode_time,
+            metrics.inference_time))
+        self._request_tpot = metrics.request_tpot.labels(model)
+        self._prompt = metrics.prompt_tokens.labels(model)
+        self._generation = metrics.generation_tokens.labels(model)
+        self._max_generation = metrics.max_generation_tokens.labels(model)
+        self._n = metrics.params_n.labels(model)
+        self._max_tokens = metrics.params_max_tokens.labels(model)
+
+    def token_gap(self, seconds: float) -> None:
+        for h in self._itl:  # vLLM serves both names: old dashboards read the second
+            h.observe(seconds)
+
+    def ended(self, reason: str, elapsed: float, counts: tuple[int, int, int],
+              timing: tuple[float, float] | None, decode: float | None) -> None:
+        """A choice finished (``reason``: the API's finish reason) ``elapsed`` after arrival,
+        with (prompt, generated, cached) tokens; ``timing``: the core's queue and prefill
+        seconds, ``decode``: first token to now, both None if no token came."""
+        self.e2e.observe(elapsed)
+        self._finished(reason, counts)
+        if timing is None or decode is None:
+            return
+        queue, prefill = timing
+        for h, seconds in zip(self._phases, (queue, prefill, decode, prefill + decode),
+                              strict=True):
+            h.observe(seconds)
+        if counts[1] > 1:  # the mean time per output token after the first
+            self._request_tpot.observe(decode / (counts[1] - 1))
+
+    def _finished(self, reason: str, counts: tuple[int, int, int]) -> None:
+        self._metrics.request_success.labels(self._model, reason).inc()
+        self._prompt.observe(counts[0])
+        self._generation.observe(counts[1])
+
+    def settled(self, cause: str | None, choices: list[tuple[int, int, int, bool]], n: int,
+                max_tokens: int) -> None:
+        """A request's generation closed, its choices' (prompt, generated, cached, done):
+        its parameters, its longest choice, and once what cut it short. ``cause``: the
+        generation's ``EndCause`` value; None with choices not done: it was left while they
+        ran, so the client went away."""
+        self._n.observe(n)
+        self._max_tokens.observe(max_tokens)
+        self._max_generation.observe(max(c[1] for c in choices))
+        unfinished = [c[:3] for c in choices if not c[3]]
+        if cause in ABORT_CAUSES or (cause is None and unfinished):
+            self._metrics.aborts.labels(self._model, cause or CLIENT_DISCONNECT).inc()
+        if cause not in FAILURES:  # choices cut short end as vLLM's "abort"
+            for counts in unfinished:
+                self._finished("abort", counts)
+
+    def refused(self, cause: RefusalCause) -> None:
+        self._metrics.refusals.labels(self._model, cause.value).inc()
 
 
 class Metrics:
-    def __init__(self, engine: EngineStatistics, admission: AdmissionStatisticsSource):
+    def __init__(self, engine: EngineStatistics, admission: AdmissionStatisticsSource,
+                 facts: ServerFacts | None = None, *, prefix: str = "izh") -> None:
+        self.prefix = prefix
         self.registry = r = CollectorRegistry()
-        r.register(_EngineCollector(engine, admission))
+        self.facts = facts or ServerFacts()
+        r.register(EngineCollector(prefix, engine, admission, self.facts))
         # The HTTP process's own CPU, memory and garbage collections, as vLLM's /metrics has.
         for shared in (PROCESS_COLLECTOR, GC_COLLECTOR):
             r.register(shared)
-        self.request_success = Counter("izh:request_success", "Finished requests.",
-                                       ["finished_reason"], registry=r)
-        self.responses = Counter("izh:responses", "Responses API responses by final status.",
+        p = f"{prefix}:"
+        model = ["model_name"]
+
+        def histogram(name: str, text: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(p + name, text, model, buckets=buckets, registry=r)
+
+        self.request_success = Counter(p + "request_success", "Finished requests.",
+                                       [*model, "finished_reason"], registry=r)
+        self.responses = Counter(p + "responses", "Responses API responses by final status.",
                                  ["status"], registry=r)
-        self.ttft = Histogram("izh:time_to_first_token_seconds",
-                              "Arrival to first token, as the client sees it.",
-                              buckets=_LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram("izh:inter_token_latency_seconds",
-                             "Time between successive token deliveries.",
-                             buckets=_LATENCY_BUCKETS, registry=r)
-        self.e2e = Histogram("izh:e2e_request_latency_seconds", "Arrival to last token.",
-                             buckets=_LATENCY_BUCKETS, registry=r)
-        self.loop_lag = LoopLag(r)
+        self.ttft = histogram("time_to_first_token_seconds",
+                              "Arrival to first token, as the client sees it.", TTFT_BUCKETS)
+        self.itl = histogram("inter_token_latency_seconds",
+                             "Time between successive token deliveries.", ITL_BUCKETS)
+        self.tpot = histogram("time_per_output_token_seconds",
+                              "Time between successive token deliveries (vLLM's older name).",
+                              ITL_BUCKETS)
+        self.e2e = histogram("e2e_request_latency_seconds", "Arrival to last token.",
+                             REQUEST_BUCKETS)
+        self.queue_time = histogram("request_queue_time_seconds",
+                                    "Time in the engine's waiting queue.", REQUEST_BUCKETS)
+        self.prefill_time = histogram("request_prefill_time_seconds",
+                                      "First scheduled to first token.", REQUEST_BUCKETS)
+        self.decode_time = histogram("request_decode_time_seconds",
+                                     "First token to last token.", REQUEST_BUCKETS)
+        self.inference_time = histogram("request_inference_time_seconds",
+                                        "First scheduled to last token (prefill + decode).",
+                                        REQUEST_BUCKETS)
+        self.request_tpot = histogram("request_time_per_output_token_seconds",
+                                      "A request's mean time per output token after the first.",
+                                      ITL_BUCKETS)
+        self.prompt_tokens = histogram("request_prompt_tokens",
+                                       "Prompt tokens of finished requests.", TOKEN_BUCKETS)
+        self.generation_tokens = histogram("request_generation_tokens",
+                                           "Generated tokens of finished requests.",
+                                           TOKEN_BUCKETS)
+        self.max_generation_tokens = histogram(
+            "request_max_num_generation_tokens",
+            "The most tokens any of a request's n choices generated.", TOKEN_BUCKETS)
+        self.params_n = histogram("request_params_n", "The n a request asked for.", N_BUCKETS)
+        self.params_max_tokens = histogram("request_params_max_tokens",
+                                           "The max_tokens a request asked for.", TOKEN_BUCKETS)
+        self.aborts = Counter(p + "request_aborts",
+                              "Requests the frontend ended while the engine ran them, by cause.",
+                              [*model, "cause"], registry=r)
+        self.refusals = Counter(p + "request_refusals",
+                                "Requests turned away before the engine, by cause.",
+                                [*model, "cause"], registry=r)
+        self.loop_lag = LoopLag(r, prefix)
+        self.requests = RequestMetrics(self, "")
+        self._bound = ""
+
+    def bind(self, model_name: str) -> None:
+        """Label every per-request series with the served model's name (known at start);
+        the children of a name bound before are dropped, so no empty series lingers."""
+        old, self._bound = self._bound, model_name
+        self.requests = RequestMetrics(self, model_name)
+        if old == model_name:
+            return
+        for family in (self.ttft, self.itl, self.tpot, self.e2e, self.queue_time,
+                       self.prefill_time, self.decode_time, self.inference_time,
+                       self.request_tpot, self.prompt_tokens, self.generation_tokens,
+                       self.max_generation_tokens, self.params_n, self.params_max_tokens):
+            family.remove(old)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+

@@ -78,6 +78,8 @@ class Delta:
     stop_token_id: int | None = None
     logprobs: list[TokenLogprobs] | None = None
     prompt_logprobs: tuple[TokenLogprobs, ...] | None = None
+    #: With the first token: the core's queue and prefill seconds.
+    first_token_timing: tuple[float, float] | None = None
 
 
 class RequestStream:
@@ -117,6 +119,8 @@ class RequestStream:
             p.logprobs = [*(p.logprobs or ()), *out.logprobs]
         if out.prompt_logprobs is not None:
             p.prompt_logprobs = out.prompt_logprobs
+        if out.first_token_timing is not None:
+            p.first_token_timing = out.first_token_timing
         if out.finish_reason is not None:
             p.finish_reason = out.finish_reason
             p.stop_token_id = out.stop_token_id

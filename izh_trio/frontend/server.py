@@ -25,10 +25,12 @@ from izh_trio.frontend.engine_client import (
 )
 from izh_trio.frontend.engine_process import run_core
 from izh_trio.frontend.errors import innermost_message
-from izh_trio.frontend.generation import GenerationContext, Registry
+from izh_trio.frontend.generation import GenerationContext
+from izh_trio.frontend.generation_registry import Registry
 from izh_trio.frontend.grammar_pool import GrammarPool, WorkerSpec
 from izh_trio.frontend.limits import RateLimiter
 from izh_trio.frontend.metrics import Metrics
+from izh_trio.frontend.metrics_engine import ServerFacts
 from izh_trio.frontend.offload import Offload
 from izh_trio.frontend.prompt_size import PromptSize
 from izh_trio.frontend.response_store import (
@@ -88,7 +90,9 @@ class Server:
         self._tokenizer: ModelTokenizer | None = None
         self.client: EngineClient | None = None
         self.admission = Admission(settings.max_pending)
-        self.metrics = Metrics(self._engine_statistics, self.admission.statistics)
+        self.metrics = Metrics(self._engine_statistics, self.admission.statistics,
+                               ServerFacts(restarts=lambda: self.engine_restarts),
+                               prefix=settings.metrics_prefix)
         self.limiter = RateLimiter(settings.rate_limit_tokens_per_minute)
         self.api_keys = settings.all_api_keys()
         self.generations = Registry()  # open now: the drain fails what is left of them
@@ -138,6 +142,7 @@ class Server:
             self.settings.tool_call_parser, None if template is None else template.source,
             self.tokenizer.tokenizer.token_to_id)
         await nursery.start(self._supervise)
+        self._tell_metrics()
         # Start-up objects (tokenizer, templates, imports) live as long as the server: keep
         # them out of every later collection, which then only walks per-request garbage.
         gc.collect()
@@ -148,6 +153,21 @@ class Server:
         nursery.start_soon(self.metrics.loop_lag.watch)  # from now on: start-up is not lag
         log.info("serving %s from %s (max_model_len %d)", self.model_name, self.model_dir,
                  self.ready.max_model_len)
+
+    def _tell_metrics(self) -> None:
+        """The labels only known once the core is up: the model's name, the cache's size."""
+        s = self.settings
+        facts = self.metrics.facts
+        facts.model_name = self.model_name
+        facts.cache_config = {
+            "block_size": str(s.block_size), "cache_dtype": "auto",
+            "enable_prefix_caching": "True",
+            "gpu_memory_utilization": str(s.gpu_memory_utilization),
+            "num_gpu_blocks": str(self.ready.num_kv_blocks), "num_cpu_blocks": "0"}
+        if s.lora_modules or s.enable_lora_runtime_updates:
+            facts.max_lora = s.max_loras or (8 if s.enable_lora_runtime_updates
+                                             else min(8, len(s.lora_modules)))
+        self.metrics.bind(self.model_name)
 
     async def _open_store(self, nursery: trio.Nursery) -> None:
         """Open the response store and enforce its TTL and row cap in the background. A store

@@ -2,6 +2,7 @@
 
 from izh_trio.wire.codec import FrameDecoder, ProtocolError, encode_frame
 from izh_trio.wire.messages import (
+    ITERATION_TOKENS_BUCKETS,
     Abort,
     AddRequest,
     EngineConfig,
@@ -25,6 +26,7 @@ from izh_trio.wire.messages import (
 from izh_trio.wire.sampling import SamplingParams
 
 __all__ = [
+    "ITERATION_TOKENS_BUCKETS",
     "Abort",
     "AddRequest",
     "EngineConfig",

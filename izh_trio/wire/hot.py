@@ -49,6 +49,14 @@ def _lps_in(v: Any) -> tuple[TokenLogprobs, ...] | None:
     return tuple(_lp_in(x) for x in v)
 
 
+def _timing_in(v: Any) -> tuple[float, float] | None:
+    if v is None:
+        return None
+    if type(v) is not list or len(v) != 2 or not all(type(x) is float for x in v):
+        raise TypeError("first_token_timing must be an array of 2 floats or null")
+    return v[0], v[1]
+
+
 def unstructure_output(o: RequestOutput) -> list[Any]:
     return [
         o.request_id, list(o.new_token_ids), o.num_prompt_tokens, o.num_output_tokens,
@@ -56,13 +64,14 @@ def unstructure_output(o: RequestOutput) -> list[Any]:
         o.stop_token_id,
         None if o.logprobs is None else [_lp_out(t) for t in o.logprobs],
         None if o.prompt_logprobs is None else [_lp_out(t) for t in o.prompt_logprobs],
+        None if o.first_token_timing is None else list(o.first_token_timing),
     ]
 
 
 def structure_output(v: Any) -> RequestOutput:
-    if type(v) is not list or len(v) != 9:
-        raise TypeError("a RequestOutput must be an array of 9")
-    rid, ids, n_prompt, n_out, n_cached, reason, stop, lps, prompt_lps = v
+    if type(v) is not list or len(v) != 10:
+        raise TypeError("a RequestOutput must be an array of 10")
+    rid, ids, n_prompt, n_out, n_cached, reason, stop, lps, prompt_lps, timing = v
     if type(rid) is not str:
         raise TypeError("request_id must be a string")
     if reason is not None and reason not in _REASONS:
@@ -73,7 +82,7 @@ def structure_output(v: Any) -> RequestOutput:
         rid, _ints(ids, "new_token_ids"), _int(n_prompt, "num_prompt_tokens"),
         _int(n_out, "num_output_tokens"), _int(n_cached, "num_cached_tokens"),
         _REASONS[reason] if reason is not None else None, stop, _lps_in(lps),
-        _lps_in(prompt_lps),
+        _lps_in(prompt_lps), _timing_in(timing),
     )
 
 

@@ -130,6 +130,8 @@ class ModelInfo:
 class Ready:
     max_model_len: int
     model: ModelInfo
+    #: The KV cache's blocks, as sized at start (``cache_config_info``).
+    num_kv_blocks: int = 0
 
 
 @attrs.frozen
@@ -159,6 +161,9 @@ class RequestOutput:
     logprobs: tuple[TokenLogprobs, ...] | None = None
     #: Sent once, with the first token: one entry per prompt position after the first.
     prompt_logprobs: tuple[TokenLogprobs, ...] | None = None
+    #: Sent once, with the first token, measured in the core: seconds from its arrival to
+    #: its first step (queue), and from there to its first token (prefill).
+    first_token_timing: tuple[float, float] | None = None
 
     @property
     def finished(self) -> bool:
@@ -187,6 +192,10 @@ class RequestFailed:
     rejected: bool = True
 
 
+#: Upper bounds of ``Stats.iteration_tokens``'s buckets (vLLM's ``iteration_tokens_total``).
+ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
 @attrs.frozen
 class Stats:
     num_running: int
@@ -205,6 +214,15 @@ class Stats:
     #: Seconds spent in steps (the model and the sampler), and the torch threads of the last.
     step_seconds_total: float = 0.0
     step_threads: int = 0
+    #: Prompt tokens of started requests that the prefix cache held (counted with the prompt).
+    prompt_tokens_cached_total: int = 0
+    #: Steps by the tokens they computed: one count per ``ITERATION_TOKENS_BUCKETS`` bound
+    #: (not cumulative) and one above the last; and those tokens' sum.
+    iteration_tokens: tuple[int, ...] = attrs.field(default=(), converter=ints)
+    iteration_tokens_sum: int = 0
+    #: The LoRA adapters of the running and of the waiting requests, sorted.
+    running_loras: tuple[str, ...] = attrs.field(default=(), converter=strs)
+    waiting_loras: tuple[str, ...] = attrs.field(default=(), converter=strs)
 
 
 @attrs.frozen

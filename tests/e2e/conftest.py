@@ -12,6 +12,7 @@ against a hang, not measurements.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -126,14 +127,23 @@ def engine_pid(server_pid: int) -> int:
     return children[0]
 
 
-def scrape(base: str) -> dict[str, float]:
-    text = httpx.get(base + "/metrics", timeout=5).text
+def parse_metrics(text: str) -> dict[str, float]:
+    """Each sample of an exposition by its name and labels, less ``model_name`` (which every
+    vLLM-named series carries, and the tests here serve one model)."""
     out = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
             name, _, value = line.rpartition(" ")
+            name = _MODEL_LABEL.sub("", name).replace(",}", "}").replace("{}", "")
             out[name] = float(value)
     return out
+
+
+_MODEL_LABEL = re.compile(r'model_name="[^"]*",?')
+
+
+def scrape(base: str) -> dict[str, float]:
+    return parse_metrics(httpx.get(base + "/metrics", timeout=5).text)
 
 
 def wait_for_metrics(base: str, ready: Callable[[dict[str, float]], bool], *,

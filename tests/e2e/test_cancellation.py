@@ -17,7 +17,7 @@ import httpx
 import pytest
 import trio
 
-from tests.e2e.conftest import RUNNING, idle, scrape
+from tests.e2e.conftest import RUNNING, idle, parse_metrics, scrape
 
 pytestmark = pytest.mark.timing
 
@@ -46,9 +46,7 @@ async def _idle(base: str) -> dict[str, float]:
     return await _metrics_until(base, idle)
 
 
-def _parse(text: str) -> dict[str, float]:
-    return {line.rpartition(" ")[0]: float(line.rpartition(" ")[2])
-            for line in text.splitlines() if line and not line.startswith("#")}
+_parse = parse_metrics
 
 
 async def test_disconnect_after_first_chunk_frees_kv(paced_server: str) -> None:

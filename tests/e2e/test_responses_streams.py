@@ -26,6 +26,7 @@ from tests.e2e.conftest import (
     engine_pid,
     free_port,
     idle,
+    parse_metrics,
     running_server,
     scrape,
     serve_args,
@@ -42,9 +43,7 @@ LONG = {"input": "Tell me a long story.", "max_output_tokens": 1800, "temperatur
 STREAM_EVENTS = pydantic.TypeAdapter(ResponseStreamEvent)
 
 
-def _parse(text: str) -> dict[str, float]:
-    return {line.rpartition(" ")[0]: float(line.rpartition(" ")[2])
-            for line in text.splitlines() if line and not line.startswith("#")}
+_parse = parse_metrics
 
 
 async def _metrics_until(client: httpx.AsyncClient, base: str, ready: Any) -> dict[str, float]:

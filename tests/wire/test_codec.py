@@ -620,7 +620,8 @@ def test_sampling_params_accepts_edges() -> None:
 
 _LP = m.TokenLogprobs(3, -0.5, 2, (3, 9), (-0.5, -1.25))
 _STEP = m.StepOutputs((
-    m.RequestOutput("a", (1, 2), 3, 2, 1, m.FinishReason.STOP, 2, (_LP,), (_LP, _LP)),
+    m.RequestOutput("a", (1, 2), 3, 2, 1, m.FinishReason.STOP, 2, (_LP,), (_LP, _LP),
+                    (0.25, 0.5)),
     m.RequestOutput("b", (7,), 5, 1),
 ))
 
@@ -628,14 +629,15 @@ _STEP = m.StepOutputs((
 def test_step_outputs_travel_as_arrays() -> None:
     (entry,) = msgpack.unpackb(encode_frame([_STEP])[4:])
     assert entry[0] == codec._TAG_OF[m.StepOutputs]
-    assert entry[1][1] == ["b", [7], 5, 1, 0, None, None, None, None]
+    assert entry[1][1] == ["b", [7], 5, 1, 0, None, None, None, None, None]
+    assert entry[1][0][9] == [0.25, 0.5]
     assert decode_all(encode_frame([_STEP])) == [_STEP]
 
 
 @pytest.mark.parametrize(("index", "wrong"), [
     (0, 5), (1, "12"), (1, [1, "2"]), (1, [True]), (2, 3.0), (3, None), (4, "0"),
     (5, "STOP"), (5, 1), (6, "2"), (7, {}), (7, [[1, 2]]), (7, [[3, -0.5, 2, [3], ["x"]]]),
-    (8, "x"), (8, [[3, 1, 2, [], []]]),
+    (8, "x"), (8, [[3, 1, 2, [], []]]), (9, [1.0]), (9, [1, 2.0]), (9, "x"),
 ])
 def test_positional_output_with_a_wrong_value(index: int, wrong: Any) -> None:
     body = converter.unstructure(_STEP)
