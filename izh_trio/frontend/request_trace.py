@@ -86,7 +86,9 @@ class RequestTrace:
     def _end(self, now: float) -> None:
         span, generation = self.span, self._generation
         record = access_log.current()
-        status = None if record is None else record.error_status or record.status
+        # the status line's, and the error's (one inside a stream that began 200)
+        sent = None if record is None else record.status
+        status = None if record is None else record.error_status or sent
         cause: str | None = None
         if generation is not None:
             first = generation.first_token
@@ -103,18 +105,16 @@ class RequestTrace:
             end_cause = generation.end_cause
             cause = None if end_cause is None else end_cause.value
         if cause is None:  # no generation, or one left before it ended
-            cause = ("disconnect" if record is not None and record.disconnected
-                     else "detached" if self._detached and generation is None
-                     else "refused" if status is not None and status < 500
-                     else "error")
+            cause = ("detached" if self._detached and generation is None
+                     else "disconnect" if record is not None and record.disconnected
+                     else "refused" if status is not None and status < 500 else "error")
         span.add_event("end", timestamp=self._ns(now), attributes={"izh.end_cause": cause})
-        if status is not None:
-            span.set_attribute("http.response.status_code", status)
-            if status >= 400:
-                span.set_attribute("error.type", str(status))
-            if status >= 500:
-                message = record.error if record is not None else None
-                span.set_status(Status(StatusCode.ERROR, message))
+        if sent is not None:
+            span.set_attribute("http.response.status_code", sent)
+        if status is not None and status >= 400:
+            span.set_attribute("error.type", str(status))
+        if status is not None and status >= 500 and record is not None:
+            span.set_status(Status(StatusCode.ERROR, record.error))
         span.end(end_time=self._ns(now))
 
 

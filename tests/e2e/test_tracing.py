@@ -220,22 +220,38 @@ def test_a_refused_request_gets_a_span_without_error_status(traced) -> None:
     _check_timeline(span, ["end"], "refused")
 
 
-def test_spans_queued_at_shutdown_are_flushed(hf_dir: Path, tmp_path: Path) -> None:
-    """The batch delay never fires here: the span arrives only because SIGTERM's shutdown
-    flushes it."""
+def test_a_drained_stream_and_the_spans_queued_at_shutdown(hf_dir: Path, tmp_path: Path
+                                                           ) -> None:
+    """SIGTERM with no drain time fails the stream still running (in-band, a 503): its span
+    ends with ``drain`` as an ERROR. The batch delay never fires here: the spans arrive only
+    because the shutdown flushes them."""
     with otlp_receiver() as (collector, receiver):
         port = free_port()
-        args = serve_args(hf_dir, port, "--otlp-traces-endpoint", collector + "/v1/traces")
-        with running_server(args, tmp_path / "server.log", port=port, env=NO_EXPORT) as (
-                base, proc):
-            parent = Parent()
-            r = httpx.post(base + "/v1/completions", headers=parent.header, timeout=60,
+        args = serve_args(hf_dir, port, "--otlp-traces-endpoint", collector + "/v1/traces",
+                          "--drain-timeout", "0")
+        with running_server(args, tmp_path / "server.log", port=port,
+                            env={**PACED, **NO_EXPORT}) as (base, proc):
+            done, drained = Parent(), Parent()
+            r = httpx.post(base + "/v1/completions", headers=done.header, timeout=60,
                            json={"prompt": "Hi", "max_tokens": 2})
             assert r.status_code == 200
-            assert receiver.posts == 0
-            proc.send_signal(signal.SIGTERM)
+            body = {"prompt": "Go on.", "max_tokens": 1500, "ignore_eos": True, "stream": True}
+            with httpx.stream("POST", base + "/v1/completions", json=body, timeout=60,
+                              headers=drained.header) as stream:
+                lines = stream.iter_lines()
+                assert next(line for line in lines if line.startswith("data:"))
+                assert receiver.posts == 0
+                proc.send_signal(signal.SIGTERM)
+                rest = "\n".join(lines)  # to the stream's end: its in-band error
+            assert "shutting down" in rest
             assert proc.wait(timeout=60) == 0
-        assert parent.span(receiver).name.startswith("text_completion")
+        assert done.span(receiver).name.startswith("text_completion")
+        span = drained.span(receiver)
+    assert span.status.code == Status.STATUS_CODE_ERROR
+    assert "shutting down" in span.status.message
+    a = _attrs(span)
+    assert a["http.response.status_code"] == 200 and a["error.type"] == "503"
+    _check_timeline(span, ["queued", "first_token", "end"], "drain")
 
 
 def test_tracing_off_imports_nothing_of_opentelemetry(hf_dir: Path, tmp_path: Path) -> None:

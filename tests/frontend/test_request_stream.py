@@ -37,8 +37,9 @@ async def test_a_consumer_that_falls_behind_is_failed_and_aborted() -> None:
     stream, aborts = _stream(limit=10)
     for i in range(11):
         stream.push(_out([i], i + 1))
-    with pytest.raises(EngineError, match="fell more than 10 tokens behind"):
+    with pytest.raises(EngineError, match="fell more than 10 tokens behind") as failed:
         await stream.__anext__()
+    assert failed.value.slow_client and not failed.value.rejected  # its trace's end cause
     assert aborts == [1]
     stream.abort()  # idempotent: the open_stream exit will call it again
     assert aborts == [1]
