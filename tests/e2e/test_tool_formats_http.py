@@ -35,7 +35,9 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
 SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
 MESSAGES = [{"role": "user", "content": "What's the weather in Paris?"}]
 #: family -> (architecture shape, template, bos, marker tokens, the syntax of one call)
-FAMILIES = {
+FAMILIES: dict[str, tuple[str, str, str | None, tuple[str, ...], str]] = {
+    "hermes": ("qwen2-yarn", "qwen2.5_instruct.jinja", None, (),
+               '<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC"}}\n</tool_call>'),
     "llama3_json": ("llama-mha-biases-llama3", "llama3.1_instruct.jinja", "<|begin_of_text|>",
                     ("<|python_tag|>", "<|start_header_id|>", "<|end_header_id|>",
                      "<|eot_id|>", "<|eom_id|>"),
@@ -50,7 +52,7 @@ FAMILIES = {
 def make_checkpoint(family: str, out: Path, tiny_dir: Path) -> Path:
     shape, template, bos, markers, _ = FAMILIES[family]
     tok = Tokenizer.from_file(str(tiny_dir / "tokenizer.json"))
-    added = [bos, *markers]
+    added = [t for t in (bos, *markers) if t is not None]
     make_family(shape, out, tiny_dir,
                 vocab_size=tok.get_vocab_size(with_added_tokens=True) + len(added),
                 max_position_embeddings=2048)
@@ -61,7 +63,8 @@ def make_checkpoint(family: str, out: Path, tiny_dir: Path) -> Path:
         config["added_tokens_decoder"][str(tok.token_to_id(text))] = {
             "content": text, "lstrip": False, "normalized": False, "rstrip": False,
             "single_word": False, "special": True}
-    config["bos_token"] = bos
+    if bos is not None:
+        config["bos_token"] = bos
     config["chat_template"] = (TEMPLATES / template).read_text()
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
     return out
@@ -136,11 +139,11 @@ def test_streamed_calls_reassemble_to_the_whole(family: tuple[str, openai.OpenAI
 def test_auto_reads_calls_in_the_family_syntax(family: tuple[str, openai.OpenAI]) -> None:
     name, client = family
     text = FAMILIES[name][4]
-    # The marker as the model writes it: its one special token (2001: after the tiny
-    # vocabulary and the bos), not its text spelled in other tokens.
-    marker = FAMILIES[name][3][0]
-    grammar = f"start: <[2001]> {json.dumps(text[len(marker):])}" if name == "mistral" \
-        else f"start: {json.dumps(text)}"
+    # Markers as the model writes them, each its one token (Mistral's is 2001: after the
+    # tiny vocabulary and the bos), not their text spelled in other tokens.
+    grammar = {"mistral": f"start: <[2001]> {json.dumps(text.removeprefix('[TOOL_CALLS]'))}",
+               "hermes": f"start: <tool_call> {json.dumps(text[11:-12])} </tool_call>",
+               }.get(name, f"start: {json.dumps(text)}")
     for stream in (False, True):
         kwargs = dict(model="m", messages=MESSAGES, tools=TOOLS, max_tokens=80,
                       extra_body={"structured_outputs": {"grammar": grammar}})
@@ -162,3 +165,15 @@ def test_auto_reads_calls_in_the_family_syntax(family: tuple[str, openai.OpenAI]
             assert content == ""
             got = [(n, json.loads(a)) for n, a in (calls[i] for i in sorted(calls))]
         assert got == [("get_time", {"tz": "UTC"})]
+
+
+def test_reasoning_only_where_the_family_thinks(family: tuple[str, openai.OpenAI]) -> None:
+    """None of these families thinks in <think> (Qwen2.5's template has no think block):
+    such text is content, never reasoning."""
+    _, client = family
+    out = client.chat.completions.create(
+        model="m", messages=MESSAGES, max_tokens=40,
+        extra_body={"structured_outputs": {"grammar": 'start: <think> "hm" </think> "ok"'}})
+    message = out.choices[0].message
+    assert message.content == "<think>hm</think>ok"
+    assert getattr(message, "reasoning_content", None) is None

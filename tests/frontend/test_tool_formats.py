@@ -124,6 +124,9 @@ def test_the_format_is_read_from_the_checkpoint() -> None:
     assert isinstance(chosen, Mistral) and chosen.marker_id == 5
     qwen3 = choose_tool_format("auto", QWEN3.read_text(), no_tokens)
     assert isinstance(qwen3, Hermes) and qwen3.reasoning
+    qwen25 = choose_tool_format("auto", (TEMPLATES / "qwen2.5_instruct.jinja").read_text(),
+                                {"<think>": 9, "[TOOL_CALLS]": 5}.get)  # the template wins
+    assert isinstance(qwen25, Hermes) and not qwen25.reasoning
     # a template that says nothing of tools: the tokens decide, else hermes as before
     plain = "{% for m in messages %}{{ m.content }}{% endfor %}"
     assert isinstance(choose_tool_format("auto", plain, {"[TOOL_CALLS]": 5}.get), Mistral)

@@ -46,5 +46,6 @@ def choose_tool_format(setting: str, template: str | None,
         return Llama3Json()
     if name != "hermes":
         raise ValueError(f"unknown tool-call parser {setting!r}")
-    # Reasoning only where the family has it: Qwen3's template opens <think>, Qwen2.5's not.
-    return Hermes(reasoning=THINK_OPEN in source or token_id(THINK_OPEN) is not None)
+    # Reasoning only where the family has it: Qwen3's template opens <think>, Qwen2.5's
+    # does not (a vocabulary may hold the tag without the model ever thinking in it).
+    return Hermes(reasoning=THINK_OPEN in source)
