@@ -31,7 +31,7 @@ async def chat_prompt_ids(
         prompt = template.render_prompt(
             messages, tools=tools, add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message,
-            chat_template_kwargs=chat_template_kwargs)
+            chat_template_kwargs=chat_template_kwargs, call_id=server.tool_format.history_id)
         sizes.check(prompt.text, limit, param="messages")
         return server.tokenizer.encode_prompt(prompt)
 

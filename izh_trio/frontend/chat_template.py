@@ -9,6 +9,7 @@ template sees, and ``continue_final_message``. Client mistakes come out as 400s.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, NoReturn
 
@@ -100,23 +101,29 @@ class ChatTemplate:
     def render(
         self, messages: Any, *, tools: Any = None, add_generation_prompt: bool = True,
         continue_final_message: bool = False, chat_template_kwargs: Any = None,
+        call_id: Callable[[str], str] | None = None,
     ) -> str:
         """The prompt text for ``messages`` (raw from the request body; validated here)."""
         return self.render_prompt(
             messages, tools=tools, add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message,
-            chat_template_kwargs=chat_template_kwargs).text
+            chat_template_kwargs=chat_template_kwargs, call_id=call_id).text
 
     def render_prompt(
         self, messages: Any, *, tools: Any = None, add_generation_prompt: bool = True,
         continue_final_message: bool = False, chat_template_kwargs: Any = None,
+        call_id: Callable[[str], str] | None = None,
     ) -> RenderedPrompt:
         """The prompt for ``messages``, with the spans where the client's strings hold
-        special-token text (to be encoded as text, not as control tokens)."""
+        special-token text (to be encoded as text, not as control tokens). ``call_id``: the
+        id the template is shown for each tool call id of the conversation (a family's
+        template may accept only its own shape of id)."""
         if add_generation_prompt and continue_final_message:
             raise APIError(400, "add_generation_prompt and continue_final_message cannot both be "
                                 "true", param="continue_final_message")
         chat = normalize_messages(messages)
+        if call_id is not None:
+            _rename_calls(chat, call_id)
         kwargs = _template_kwargs(chat_template_kwargs)
         tool_list = normalize_tools(tools)
         variables = {**self.special_tokens, **kwargs, "messages": chat, "tools": tool_list,
@@ -156,6 +163,15 @@ class ChatTemplate:
                                param="messages")
             text = text[:end]
         return text
+
+
+def _rename_calls(chat: list[dict[str, Any]], call_id: Callable[[str], str]) -> None:
+    for message in chat:
+        for call in message.get("tool_calls", ()):
+            if "id" in call:
+                call["id"] = call_id(call["id"])
+        if "tool_call_id" in message:
+            message["tool_call_id"] = call_id(message["tool_call_id"])
 
 
 def with_reasoning_effort(kwargs: Any, reasoning_effort: str | None) -> Any:

@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import anthropic
 import jsonschema
 import openai
 import pytest
@@ -71,15 +72,20 @@ def make_checkpoint(family: str, out: Path, tiny_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
-def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-           tiny_dir: Path) -> Iterator[tuple[str, openai.OpenAI]]:
+def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+           tiny_dir: Path) -> Iterator[tuple[str, str]]:
     root = tmp_path_factory.mktemp("tool-formats")
     model_dir = make_checkpoint(request.param, root / request.param, tiny_dir)
     port = free_port()
     args = serve_args(model_dir, port, "--served-model-name", "m")
     with running_server(args, root / "server.log", port=port) as (base, _proc):
-        yield request.param, openai.OpenAI(base_url=base + "/v1", api_key="unused",
-                                           max_retries=0)
+        yield request.param, base
+
+
+@pytest.fixture
+def family(served: tuple[str, str]) -> tuple[str, openai.OpenAI]:
+    name, base = served
+    return name, openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
 
 
 def _check(family: str, calls: list, only: str | None = None) -> None:
@@ -177,3 +183,40 @@ def test_reasoning_only_where_the_family_thinks(family: tuple[str, openai.OpenAI
     message = out.choices[0].message
     assert message.content == "<think>hm</think>ok"
     assert getattr(message, "reasoning_content", None) is None
+
+
+def test_client_made_call_ids_come_back_through_the_template(
+        family: tuple[str, openai.OpenAI]) -> None:
+    """Ids the client made itself (an agent replaying its history) render too: Mistral's
+    template, which takes only 9 alphanumerics, is shown ids derived from them."""
+    _, client = family
+    turn = [*MESSAGES,
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_made_by_the_client", "type": "function",
+                 "function": {"name": "get_time", "arguments": '{"tz": "UTC"}'}}]},
+            {"role": "tool", "tool_call_id": "call_made_by_the_client", "content": "12:00"}]
+    out = client.chat.completions.create(model="m", messages=turn, tools=TOOLS, max_tokens=3)
+    assert out.choices[0].finish_reason in ("length", "stop", "tool_calls")
+
+
+def test_messages_api_tool_use_round_trip(served: tuple[str, str]) -> None:
+    """Anthropic's Messages API on the family: a forced tool_use whose input validates, and
+    its tool_result sent back by its ``toolu_`` id."""
+    name, base = served
+    claude = anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0, timeout=120)
+    tools = [{"name": t["function"]["name"], "input_schema": t["function"]["parameters"]}
+             for t in TOOLS]
+    ask = [{"role": "user", "content": "What's the weather in Paris?"}]
+    out = claude.messages.create(model="m", max_tokens=200, messages=ask, tools=tools,
+                                 tool_choice={"type": "any"})
+    assert out.stop_reason == "tool_use"
+    uses = [b for b in out.content if b.type == "tool_use"]
+    assert uses
+    for use in uses:
+        jsonschema.validate(use.input, SCHEMAS[use.name])
+    again = claude.messages.create(
+        model="m", max_tokens=3, tools=tools,
+        messages=[*ask, {"role": "assistant", "content": [u.model_dump() for u in uses]},
+                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": u.id,
+                                                "content": "21 C"} for u in uses]}])
+    assert again.stop_reason in ("max_tokens", "end_turn", "tool_use"), name

@@ -219,3 +219,27 @@ def test_a_llama_call_is_its_template_spelling(vocab) -> None:
     [(name, args)] = run(LLAMA, [text])[2]
     call = ToolCall("x", name, json.dumps(args))
     assert json.loads(text) == {"name": call.name, "parameters": json.loads(call.arguments)}
+
+
+def test_mistral_is_shown_nine_alphanumeric_ids_for_any_client_id() -> None:
+    from izh_trio.frontend.chat_template import ChatTemplate
+    from izh_trio.frontend.errors import APIError
+
+    template = ChatTemplate((TEMPLATES / "mistral7b_instruct_v0.3.jinja").read_text(),
+                            {"bos_token": "<s>", "eos_token": "</s>"})
+    turn = [{"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "toolu_01A09q90qw90lq917835lq9", "type": "function",
+                 "function": {"name": "get_time", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "toolu_01A09q90qw90lq917835lq9", "content": "12"}]
+    with pytest.raises(APIError, match="length 9"):
+        template.render(turn, tools=TOOLS)
+    shown = MISTRAL.history_id("toolu_01A09q90qw90lq917835lq9")
+    assert re.fullmatch(r"[A-Za-z0-9]{9}", shown)
+    assert shown == MISTRAL.history_id("toolu_01A09q90qw90lq917835lq9")
+    assert shown != MISTRAL.history_id("toolu_01A09q90qw90lq917835lq8")
+    assert MISTRAL.history_id("a1B2c3D4e") == "a1B2c3D4e"  # its own ids are kept
+    text = template.render(turn, tools=TOOLS, call_id=MISTRAL.history_id)
+    assert f'"id": "{shown}"}}]</s>[TOOL_RESULTS]{{"content": 12, "call_id": "{shown}"}}' \
+        in text
+    assert Hermes().history_id("call_x") == "call_x"

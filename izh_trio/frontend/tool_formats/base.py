@@ -5,6 +5,7 @@ call comes back in a later turn)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 import string
@@ -37,6 +38,19 @@ _ALNUM = string.ascii_letters + string.digits
 def alnum_call_id() -> str:
     """Mistral's: 9 characters of ``[A-Za-z0-9]``, which its template insists on."""
     return "".join(secrets.choice(_ALNUM) for _ in range(9))
+
+
+def alnum_id_of(call_id: str) -> str:
+    """``call_id`` if it is 9 alphanumerics, else 9 derived from it (the same every time,
+    so that a call and its result keep matching, and distinct ids stay distinct)."""
+    if len(call_id) == 9 and call_id.isascii() and call_id.isalnum():
+        return call_id
+    number = int.from_bytes(hashlib.sha256(call_id.encode()).digest()[:8], "big")
+    digits = []
+    for _ in range(9):
+        number, digit = divmod(number, len(_ALNUM))
+        digits.append(_ALNUM[digit])
+    return "".join(digits)
 
 
 def call_from_json(obj: Any, call_id: str) -> ToolCall | None:
@@ -81,3 +95,8 @@ class ToolFormat:
 
     def call_id(self) -> str:
         return openai_call_id()
+
+    def history_id(self, call_id: str) -> str:
+        """The id the template is shown for a call id a client sends back (its own, or one
+        another API wrapped, as the Messages API's ``toolu_``)."""
+        return call_id

@@ -18,6 +18,7 @@ from izh_trio.frontend.tool_formats.base import (
     OutputParser,
     ToolFormat,
     alnum_call_id,
+    alnum_id_of,
     call_from_json,
 )
 
@@ -109,6 +110,9 @@ class Mistral(ToolFormat):
 
     def call_id(self) -> str:
         return alnum_call_id()
+
+    def history_id(self, call_id: str) -> str:
+        return alnum_id_of(call_id)
 
     def grammar(self, tools: list[dict[str, Any]], *, only: str | None, parallel: bool,
                 or_json: dict[str, Any] | bool | None = None, param: str = "tools") -> str:
