@@ -183,9 +183,11 @@ class Generation:
         return EndCause.STOP_STRING if stopped else EndCause.FINISHED
 
     @property
-    def first_token(self) -> float | None:
-        """``time.monotonic()`` when its first output arrived, if one did."""
-        return min((c.first for c in self._choices if c.first is not None), default=None)
+    def first_token(self) -> tuple[float, tuple[float, float] | None] | None:
+        """When its first output arrived (``time.monotonic()``), with the core's queue and
+        prefill seconds for it; None before one did."""
+        firsts = [(c.first, c.timing) for c in self._choices if c.first is not None]
+        return min(firsts, key=lambda first: first[0], default=None)
 
     def abort(self, reason: str) -> None:
         """Fail this generation from outside (server drain); the route sees a 503."""

@@ -5,7 +5,8 @@ The span is a SERVER span, child of the request's W3C ``traceparent`` when it ha
 starts when the route is entered and ends when the request's ASGI call does
 (``request_scope``), so a stream's span covers its whole body and a client that left is
 seen. Its events carry times the frontend already took: ``queued`` (the engine requests
-sent to the core), ``first_token`` (the first output back) and ``end``, whose
+sent to the core), ``scheduled`` (the core's first step of it, from the queue and prefill
+seconds the core reports), ``first_token`` (the first output back) and ``end``, whose
 ``izh.end_cause`` says why it ended: the engine finished it, or what stopped it (a stop
 string, the deadline, a drain, a slow client, a disconnect, an error, a refusal).
 
@@ -83,6 +84,17 @@ class RequestTrace:
         except Exception:  # a trace must never fail the request it describes
             log.warning("tracing: a request's span could not be ended", exc_info=True)
 
+    def _first_token(self, when: float, timing: tuple[float, float] | None) -> None:
+        """The first output's event and, before it, the core's first step of the request
+        (its prefill's start: the core reports its queue and prefill seconds, on its own
+        clock, so the step is placed by the prefill's length back from the first token)."""
+        if timing is not None:
+            queue, prefill = timing
+            self.span.add_event("scheduled", timestamp=self._ns(when - prefill), attributes={
+                "izh.engine_queue_s": queue, "izh.prefill_s": prefill})
+        self.span.add_event("first_token", timestamp=self._ns(when), attributes={
+            "izh.time_to_first_token_s": when - self._start})
+
     def _end(self, now: float) -> None:
         span, generation = self.span, self._generation
         record = access_log.current()
@@ -91,10 +103,8 @@ class RequestTrace:
         status = None if record is None else record.error_status or sent
         cause: str | None = None
         if generation is not None:
-            first = generation.first_token
-            if first is not None:
-                span.add_event("first_token", timestamp=self._ns(first), attributes={
-                    "izh.time_to_first_token_s": first - self._start})
+            if (first := generation.first_token) is not None:
+                self._first_token(*first)
             totals = generation.totals()
             span.set_attributes({
                 "gen_ai.usage.input_tokens": totals.prompt_tokens,

@@ -32,6 +32,9 @@ MODEL = "qwen3-test"
 FAST_EXPORT = {"OTEL_BSP_SCHEDULE_DELAY": "50"}
 #: Too long to ever fire: only the shutdown's flush can send the spans.
 NO_EXPORT = {"OTEL_BSP_SCHEDULE_DELAY": "600000"}
+#: The events of a request that generated: sent to the core, its first step there (from
+#: the queue and prefill seconds the core reports), its first token, its end.
+GENERATED = ["queued", "scheduled", "first_token", "end"]
 
 
 def _importtime(args: list[str]) -> list[str]:
@@ -86,7 +89,13 @@ def _check_timeline(span: Span, names: list[str], cause: str) -> None:
     times = [span.start_time_unix_nano, *(e.time_unix_nano for e in span.events),
              span.end_time_unix_nano]
     assert times == sorted(times)
-    assert _events(span)["end"][1] == {"izh.end_cause": cause}
+    events = _events(span)
+    assert events["end"][1] == {"izh.end_cause": cause}
+    if "scheduled" in events:
+        timing = events["scheduled"][1]
+        assert timing.keys() == {"izh.engine_queue_s", "izh.prefill_s"}
+        assert min(timing.values()) >= 0
+        assert events["first_token"][1]["izh.time_to_first_token_s"] >= timing["izh.prefill_s"]
 
 
 def test_chat_span_carries_the_genai_attributes_under_the_incoming_traceparent(traced
@@ -111,7 +120,7 @@ def test_chat_span_carries_the_genai_attributes_under_the_incoming_traceparent(t
     assert a["gen_ai.response.finish_reasons"] == [out.choices[0].finish_reason]
     assert a["http.response.status_code"] == 200 and a["izh.stream"] is False
     assert "error.type" not in a and span.status.code == Status.STATUS_CODE_UNSET
-    _check_timeline(span, ["queued", "first_token", "end"], "finished")
+    _check_timeline(span, GENERATED, "finished")
     resource = next(r for r, s in receiver.spans if s.trace_id == parent.trace_id)
     assert resource["service.name"] == "izh-trio"
     # the positive control of test_tracing_off_imports_nothing's check: on, it is imported
@@ -148,7 +157,7 @@ def test_streamed_completion_ended_by_a_stop_string(traced) -> None:
     assert a["gen_ai.request.stop_sequences"] == [stop]
     assert a["gen_ai.response.finish_reasons"] == ["stop"]
     assert 0 < a["gen_ai.usage.output_tokens"] < 40
-    _check_timeline(span, ["queued", "first_token", "end"], "stop_string")
+    _check_timeline(span, GENERATED, "stop_string")
 
 
 def test_a_client_gone_mid_stream_ends_its_span_with_disconnect(traced) -> None:
@@ -167,7 +176,7 @@ def test_a_client_gone_mid_stream_ends_its_span_with_disconnect(traced) -> None:
     assert a["gen_ai.response.finish_reasons"] == []
     assert a["gen_ai.usage.output_tokens"] < 1500
     assert a["http.response.status_code"] == 200
-    _check_timeline(span, ["queued", "first_token", "end"], "disconnect")
+    _check_timeline(span, GENERATED, "disconnect")
 
 
 def test_a_deadline_ends_its_span_with_deadline(traced) -> None:
@@ -202,7 +211,7 @@ def test_messages_and_responses_are_traced_too(traced) -> None:
     a = _attrs(span := parent.span(receiver))
     assert a["url.path"] == "/v1/responses" and a["gen_ai.request.max_tokens"] == 6
     assert a["gen_ai.usage.output_tokens"] == resp.usage.output_tokens
-    _check_timeline(span, ["queued", "first_token", "end"], "finished")
+    _check_timeline(span, GENERATED, "finished")
 
 
 def test_a_refused_request_gets_a_span_without_error_status(traced) -> None:
@@ -251,7 +260,7 @@ def test_a_drained_stream_and_the_spans_queued_at_shutdown(hf_dir: Path, tmp_pat
     assert "shutting down" in span.status.message
     a = _attrs(span)
     assert a["http.response.status_code"] == 200 and a["error.type"] == "503"
-    _check_timeline(span, ["queued", "first_token", "end"], "drain")
+    _check_timeline(span, GENERATED, "drain")
 
 
 def test_tracing_off_imports_nothing_of_opentelemetry(hf_dir: Path, tmp_path: Path) -> None:
