@@ -243,3 +243,28 @@ def test_mistral_is_shown_nine_alphanumeric_ids_for_any_client_id() -> None:
     assert f'"id": "{shown}"}}]</s>[TOOL_RESULTS]{{"content": 12, "call_id": "{shown}"}}' \
         in text
     assert Hermes().history_id("call_x") == "call_x"
+
+
+@pytest.mark.parametrize("name", ["hermes", "llama3_json", "mistral"])
+def test_free_calls_beside_a_json_answer(name: str, vocab) -> None:
+    """tool_choice auto with a JSON response format: the grammar lets the model call in its
+    family's syntax, or answer in the format; either reads back as what it is."""
+    fmt = {"hermes": Hermes(), "llama3_json": LLAMA,
+           "mistral": Mistral(marker_id=vocab[0].token_to_id("[TOOL_CALLS]"))}[name]
+    answer = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0,
+                                                     "maximum": 9}},
+              "required": ["n"], "additionalProperties": False}
+    grammar = fmt.grammar(TOOLS, only=None, parallel=fmt.parallel_calls, or_json=answer)
+    assert not llguidance.LLMatcher.validate_grammar(grammar, vocab[1])
+    kinds = set()
+    for seed in range(16):
+        text = walk(grammar, vocab, seed)
+        _, content, calls = run(fmt, [text])
+        if calls:
+            assert not content.strip(), text
+            for tool, args in calls:
+                jsonschema.validate(args, SCHEMAS[tool])
+        else:
+            jsonschema.validate(json.loads(content), answer)
+        kinds.add(bool(calls))
+    assert kinds == {True, False}  # both ways out were taken
