@@ -56,6 +56,14 @@ class RefusalCause(enum.Enum):
     TOO_LARGE = "too_large"  # 413: the body exceeds --max-body-bytes
 
 
+#: The labelled counters' values, each made at zero for the served model.
+_ZEROED = {
+    "request_success": ("stop", "length", "abort"),
+    "aborts": (CLIENT_DISCONNECT, *sorted(ABORT_CAUSES)),
+    "refusals": tuple(c.value for c in RefusalCause),
+}
+
+
 def refusal_of(status: int, code: str | None) -> RefusalCause | None:
     """The refusal an error answer is, if it is one (a 503 is one only at capacity)."""
     if status == 503:
@@ -81,6 +89,10 @@ class RequestMetrics:
         self._max_generation = metrics.max_generation_tokens.labels(model)
         self._n = metrics.params_n.labels(model)
         self._max_tokens = metrics.params_max_tokens.labels(model)
+        # Every cause and reason from zero, so that rates and alerts have a series at once.
+        for family, values in _ZEROED.items():
+            for value in values:
+                getattr(metrics, family).labels(model, value)
 
     def token_gap(self, seconds: float) -> None:
         for h in self._itl:  # vLLM serves both names: old dashboards read the second
@@ -185,6 +197,10 @@ class Metrics:
         self.refusals = Counter(p + "request_refusals",
                                 "Requests turned away before the engine, by cause.",
                                 [*model, "cause"], registry=r)
+        self.http_responses = Counter(p + "http_responses", "HTTP answers by status class.",
+                                      ["status"], registry=r)
+        for status in ("2xx", "4xx", "5xx"):  # zero from the start: rates need a base
+            self.http_responses.labels(status)
         self.loop_lag = LoopLag(r, prefix)
         self.requests = RequestMetrics(self, "")
         self._bound = ""
@@ -201,6 +217,9 @@ class Metrics:
                        self.request_tpot, self.prompt_tokens, self.generation_tokens,
                        self.max_generation_tokens, self.params_n, self.params_max_tokens):
             family.remove(old)
+        for name, values in _ZEROED.items():
+            for value in values:
+                getattr(self, name).remove(old, value)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

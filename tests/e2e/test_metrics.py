@@ -158,9 +158,13 @@ def test_series_after_a_scripted_mix(mix_server: str) -> None:
     assert m['izh:request_success_total{finished_reason="abort"}'] == 1
     for cause, count in (("stop_string", 1), ("deadline", 1), ("client_disconnect", 1)):
         assert m[f'izh:request_aborts_total{{cause="{cause}"}}'] == count, cause
-    assert 'cause="drain"' not in text_m and 'cause="slow_client"' not in text_m
+    for cause in ("drain", "slow_client"):  # served at zero from the start
+        assert m[f'izh:request_aborts_total{{cause="{cause}"}}'] == 0, cause
     for cause in ("pending", "rate_limit", "too_large"):
         assert m[f'izh:request_refusals_total{{cause="{cause}"}}'] == 1, cause
+    assert m['izh:http_responses_total{status="5xx"}'] == 1  # the 503
+    assert m['izh:http_responses_total{status="4xx"}'] == 2  # the 429 and the 413
+    assert m['izh:http_responses_total{status="2xx"}'] >= 7  # a to f, and /health, /metrics
 
     # per-request histograms: 7 finished choices (e2e); those with a token have phases
     with_tokens = 6 + (e_tokens > 0)
@@ -210,7 +214,8 @@ def _check_exposition(text: str, prefix: str) -> None:
         assert kinds == {"_bucket", "_sum", "_count"}, (name, kinds)
     labelled = [f for f in families.values() if f.name.startswith(prefix + ":")
                 and not f.name.startswith((f"{prefix}:event_loop", f"{prefix}:gc_pause",
-                                           f"{prefix}:responses", f"{prefix}:cache_config"))]
+                                           f"{prefix}:responses", f"{prefix}:cache_config",
+                                           f"{prefix}:http_responses"))]
     for family in labelled:
         for sample in family.samples:
             assert sample.labels.get("model_name") == MODEL, (family.name, sample)
