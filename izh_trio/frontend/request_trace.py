@@ -131,16 +131,17 @@ class RequestTrace:
 def request_attributes(job: Job) -> dict[str, Any]:
     """gen_ai.request.* of a job (its first choice's parameters: a request's choices share
     them), and the frontend's own (stream, LoRA adapter, priority)."""
+    attributes: dict[str, Any] = {"gen_ai.request.model": job.model,
+                                  "gen_ai.response.model": job.model, "izh.stream": job.stream}
+    if not job.specs:  # nothing to generate: refused later, by the pipeline
+        return attributes
     params = job.specs[0].params
-    attributes: dict[str, Any] = {
-        "gen_ai.request.model": job.model,
-        "gen_ai.response.model": job.model,
+    attributes |= {
         "gen_ai.request.max_tokens": max(spec.params.max_tokens for spec in job.specs),
         "gen_ai.request.temperature": params.temperature,
         "gen_ai.request.top_p": params.top_p,
         "gen_ai.request.frequency_penalty": params.frequency_penalty,
         "gen_ai.request.presence_penalty": params.presence_penalty,
-        "izh.stream": job.stream,
     }
     if params.top_k > 0:
         attributes["gen_ai.request.top_k"] = params.top_k
