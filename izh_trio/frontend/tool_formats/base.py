@@ -77,14 +77,13 @@ class ToolFormat:
     name: str = "hermes"
     #: Whether the family thinks in ``<think>`` .. ``</think>`` before it answers.
     reasoning: bool = False
+    #: Whether several forced calls may follow one another (the template can say them back).
+    parallel_calls: bool = True
 
     @property
     def markers(self) -> tuple[str, ...]:
         """Texts the parser reads: decoded even where the checkpoint makes them special."""
         return ()
-
-    #: Whether several forced calls may follow one another (the template can say them back).
-    parallel_calls: bool = True
 
     def parser(self, *, tools: bool) -> OutputParser:
         raise NotImplementedError
