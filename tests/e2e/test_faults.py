@@ -18,7 +18,14 @@ import httpx
 import pytest
 import trio
 
-from tests.e2e.conftest import PACED, engine_pid, free_port, running_server, serve_args
+from tests.e2e.conftest import (
+    PACED,
+    engine_pid,
+    free_port,
+    running_server,
+    scrape,
+    serve_args,
+)
 
 LONG = {"prompt": "Go on.", "max_tokens": 1800, "temperature": 0, "ignore_eos": True,
         "stream": True}
@@ -82,6 +89,12 @@ async def test_engine_death_fails_streams_and_health_then_recovers(hf_dir: Path,
                                                                   "max_tokens": 3})
             assert r.status_code == 200
         assert engine_pid(proc.pid) != child
+        m = scrape(base)
+        assert m["izh:engine_restarts_total"] == 1 and m["izh:engine_healthy"] == 1
+        # the engine's death failed the stream: a failure, not an abort of the frontend's
+        assert not any(v for k, v in m.items() if k.startswith("izh:request_aborts_total"))
+        assert m['izh:request_refusals_total{cause="pending"}'] == 0  # 503s, not at capacity
+        assert m['izh:http_responses_total{status="5xx"}'] >= 2  # /health and the request
 
 
 def test_engine_exits_when_the_server_is_killed(hf_dir: Path, tmp_path: Path) -> None:
