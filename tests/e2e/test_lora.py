@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 from jsonschema import Draft202012Validator
+from prometheus_client.parser import text_string_to_metric_families
 from tokenizers import Tokenizer
 
 from tests.conftest import save_transformers_qwen3
@@ -163,3 +164,14 @@ def test_an_unsupported_adapter_fails_startup_by_name(checkpoints: dict[str, Pat
     assert proc.returncode != 0
     assert "LoRA adapter 'fancy'" in proc.stdout + proc.stderr
     assert "DoRA (use_dora) is not supported" in proc.stdout + proc.stderr
+
+
+def test_metrics_name_the_lora_slots(lora_server: str) -> None:
+    """vLLM's ``lora_requests_info``: the slots (8 with runtime updates), nothing running."""
+    complete(lora_server, model="a").raise_for_status()
+    text = httpx.get(lora_server + "/metrics", timeout=10).text
+    (info,) = [s for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "izh:lora_requests_info"]
+    assert info.labels == {"max_lora": "8", "waiting_lora_adapters": "",
+                           "running_lora_adapters": ""}
+    assert info.value > 0  # when it was read, as vLLM's

@@ -278,3 +278,22 @@ def test_runtime_load_and_unload(base: Path, adapters: dict[str, Path],
 def test_runtime_updates_are_off_by_default(base: Path, adapters: dict[str, Path]) -> None:
     core = make_core(base, adapters)
     assert "not enabled" in core.update_lora(LoadLora("1", "x", str(adapters["qv"]))).error
+
+
+def test_stats_name_the_adapters_running_and_waiting(base: Path,
+                                                     adapters: dict[str, Path]) -> None:
+    """``lora_requests_info``'s source: with one slot, the second adapter's request waits."""
+    core = make_core(base, adapters, max_loras=1)
+    for rid, adapter in (("a", "all"), ("b", "qv"), ("c", None)):
+        assert core.add_request(AddRequest(rid, PROMPTS["p1"], GREEDY,
+                                           lora_name=adapter)) is None
+    firsts = {out.request_id: out.first_token_timing for out in core.step()}
+    stats = core.stats()
+    assert (stats.running_loras, stats.waiting_loras) == (("all",), ("qv",))
+    assert firsts["a"] is not None and min(firsts["a"]) >= 0  # queue and prefill seconds
+    while core.has_work:
+        core.step()
+    stats = core.stats()
+    assert stats.running_loras == stats.waiting_loras == ()
+    assert sum(stats.iteration_tokens) == core.num_steps
+    assert stats.iteration_tokens_sum >= stats.generation_tokens_total
