@@ -220,3 +220,21 @@ def test_messages_api_tool_use_round_trip(served: tuple[str, str]) -> None:
                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": u.id,
                                                 "content": "21 C"} for u in uses]}])
     assert again.stop_reason in ("max_tokens", "end_turn", "tool_use"), name
+
+
+def test_the_setting_overrides_the_checkpoint(tmp_path: Path, tiny_dir: Path) -> None:
+    """``--tool-call-parser`` wins over what the checkpoint says: a Llama checkpoint told
+    ``mistral`` is held to ``[TOOL_CALLS]`` lists, answered with Mistral's ids."""
+    model_dir = make_checkpoint("llama3_json", tmp_path / "llama", tiny_dir)
+    port = free_port()
+    args = serve_args(model_dir, port, "--served-model-name", "m",
+                      "--tool-call-parser", "mistral")
+    with running_server(args, tmp_path / "server.log", port=port) as (base, _proc):
+        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+        out = client.chat.completions.create(
+            model="m", messages=MESSAGES, tools=TOOLS, tool_choice="required",
+            temperature=1.0, seed=0, max_tokens=200, logprobs=True).choices[0]
+        _check("mistral", out.message.tool_calls)
+        # the tokens said the list: [TOOL_CALLS] spelled in text (no such token here) and "["
+        said = "".join(t.token for t in out.logprobs.content)
+        assert said.startswith("[TOOL_CALLS][{"), said
