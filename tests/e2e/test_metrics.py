@@ -102,6 +102,7 @@ def _stream_usage(client: openai.OpenAI, prompt: str, max_tokens: int) -> Any:
     return usage
 
 
+@pytest.mark.timing  # acts on requests while they run (a disconnect, a full slot)
 def test_series_after_a_scripted_mix(mix_server: str) -> None:
     base = mix_server
     client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
