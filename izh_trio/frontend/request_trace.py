@@ -22,7 +22,7 @@ import logging
 import time
 from typing import Any
 
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
+from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from quart import Request
 
@@ -40,92 +40,99 @@ SYSTEM = "izh_trio"
 
 
 class RequestTrace:
-    """The span of the current request; the pipeline tells it what it learns."""
+    """What the pipeline learns of the current request, made into its span when it ends.
+
+    The span is built in one go, its start time and events given: a request pays a few
+    stores into this object until then, and the SDK's locks and checks once."""
 
     def __init__(self, tracer: Tracer, route: str, request: Request) -> None:
-        # The frontend's times are time.monotonic(); a span's are nanoseconds since the epoch.
-        self._epoch = time.time_ns() - time.monotonic_ns()
+        self._tracer = tracer
         self._start = time.monotonic()
-        carrier = {name: value for name in _PROPAGATOR.fields
-                   if (value := request.headers.get(name)) is not None}
-        self._operation = OPERATIONS.get(route, route)
-        self.span: Span = tracer.start_span(
-            self._operation, context=_PROPAGATOR.extract(carrier), kind=SpanKind.SERVER,
-            start_time=self._ns(self._start), attributes={
-                "gen_ai.operation.name": self._operation,
-                "gen_ai.system": SYSTEM,
-                "http.request.method": request.method,
-                "url.path": request.path,
-            })
+        self._carrier = {name: value for name in _PROPAGATOR.fields
+                         if (value := request.headers.get(name)) is not None}
+        self._operation = self._name = OPERATIONS.get(route, route)
+        self._attributes: dict[str, Any] = {
+            "gen_ai.operation.name": self._operation, "gen_ai.system": SYSTEM,
+            "http.request.method": request.method, "url.path": request.path}
         self._generation: Generation | None = None
+        self._queued: float | None = None
         self._detached = False
-
-    def _ns(self, monotonic: float) -> int:
-        return self._epoch + int(monotonic * 1e9)
 
     def planned(self, job: Job) -> None:
         """The request, translated: its model and sampling parameters."""
         self._detached = job.detach is not None
-        self.span.update_name(f"{self._operation} {job.model}")
-        self.span.set_attributes(request_attributes(job))
+        self._name = f"{self._operation} {job.model}"
+        self._attributes.update(request_attributes(job))
 
     def admitted(self, head: Head) -> None:
-        self.span.set_attribute("gen_ai.response.id", head.id)
+        self._attributes["gen_ai.response.id"] = head.id
 
     def opened(self, generation: Generation) -> None:
         """Its engine requests were just sent to the core."""
-        self._generation = generation
-        self.span.add_event("queued", timestamp=self._ns(time.monotonic()))
+        self._generation, self._queued = generation, time.monotonic()
 
     def end(self) -> None:
-        """The request's ASGI call is ending: what it came to, then the span's end."""
+        """The request's ASGI call is ending: its span, made and ended."""
         try:
             self._end(time.monotonic())
         except Exception:  # a trace must never fail the request it describes
-            log.warning("tracing: a request's span could not be ended", exc_info=True)
-
-    def _first_token(self, when: float, timing: tuple[float, float] | None) -> None:
-        """The first output's event and, before it, the core's first step of the request
-        (its prefill's start: the core reports its queue and prefill seconds, on its own
-        clock, so the step is placed by the prefill's length back from the first token)."""
-        if timing is not None:
-            queue, prefill = timing
-            self.span.add_event("scheduled", timestamp=self._ns(when - prefill), attributes={
-                "izh.engine_queue_s": queue, "izh.prefill_s": prefill})
-        self.span.add_event("first_token", timestamp=self._ns(when), attributes={
-            "izh.time_to_first_token_s": when - self._start})
+            log.warning("tracing: a request's span could not be made", exc_info=True)
 
     def _end(self, now: float) -> None:
-        span, generation = self.span, self._generation
+        attributes, generation = self._attributes, self._generation
+        # The frontend's times are time.monotonic(); a span's are nanoseconds since the epoch.
+        epoch = time.time_ns() - time.monotonic_ns()
+
+        def ns(monotonic: float) -> int:
+            return epoch + int(monotonic * 1e9)
+
         record = access_log.current()
         # the status line's, and the error's (one inside a stream that began 200)
         sent = None if record is None else record.status
         status = None if record is None else record.error_status or sent
+        events: list[tuple[str, float, dict[str, Any]]] = []
         cause: str | None = None
         if generation is not None:
+            if self._queued is not None:
+                events.append(("queued", self._queued, {}))
             if (first := generation.first_token) is not None:
-                self._first_token(*first)
+                events += self._first_token(*first)
             totals = generation.totals()
-            span.set_attributes({
-                "gen_ai.usage.input_tokens": totals.prompt_tokens,
-                "gen_ai.usage.output_tokens": totals.completion_tokens,
-                "gen_ai.usage.cache_read.input_tokens": totals.cached_tokens,
-                "gen_ai.response.finish_reasons": totals.finish_reasons,
-            })
+            attributes["gen_ai.usage.input_tokens"] = totals.prompt_tokens
+            attributes["gen_ai.usage.output_tokens"] = totals.completion_tokens
+            attributes["gen_ai.usage.cache_read.input_tokens"] = totals.cached_tokens
+            attributes["gen_ai.response.finish_reasons"] = totals.finish_reasons
             end_cause = generation.end_cause
             cause = None if end_cause is None else end_cause.value
         if cause is None:  # no generation, or one left before it ended
             cause = ("detached" if self._detached and generation is None
                      else "disconnect" if record is not None and record.disconnected
                      else "refused" if status is not None and status < 500 else "error")
-        span.add_event("end", timestamp=self._ns(now), attributes={"izh.end_cause": cause})
+        events.append(("end", now, {"izh.end_cause": cause}))
         if sent is not None:
-            span.set_attribute("http.response.status_code", sent)
+            attributes["http.response.status_code"] = sent
         if status is not None and status >= 400:
-            span.set_attribute("error.type", str(status))
+            attributes["error.type"] = str(status)
+        span = self._tracer.start_span(
+            self._name, context=_PROPAGATOR.extract(self._carrier), kind=SpanKind.SERVER,
+            attributes=attributes, start_time=ns(self._start))
+        for name, when, event_attributes in events:
+            span.add_event(name, event_attributes, timestamp=ns(when))
         if status is not None and status >= 500 and record is not None:
             span.set_status(Status(StatusCode.ERROR, record.error))
-        span.end(end_time=self._ns(now))
+        span.end(end_time=ns(now))
+
+    def _first_token(self, when: float, timing: tuple[float, float] | None
+                     ) -> list[tuple[str, float, dict[str, Any]]]:
+        """The first output's event and, before it, the core's first step of the request
+        (its prefill's start: the core reports its queue and prefill seconds, on its own
+        clock, so the step is placed by the prefill's length back from the first token)."""
+        first = ("first_token", when, {"izh.time_to_first_token_s": when - self._start})
+        if timing is None:
+            return [first]
+        queue, prefill = timing
+        return [("scheduled", when - prefill,
+                 {"izh.engine_queue_s": queue, "izh.prefill_s": prefill}), first]
 
 
 def request_attributes(job: Job) -> dict[str, Any]:
@@ -136,13 +143,15 @@ def request_attributes(job: Job) -> dict[str, Any]:
     if not job.specs:  # nothing to generate: refused later, by the pipeline
         return attributes
     params = job.specs[0].params
-    attributes |= {
-        "gen_ai.request.max_tokens": max(spec.params.max_tokens for spec in job.specs),
-        "gen_ai.request.temperature": params.temperature,
-        "gen_ai.request.top_p": params.top_p,
-        "gen_ai.request.frequency_penalty": params.frequency_penalty,
-        "gen_ai.request.presence_penalty": params.presence_penalty,
-    }
+    attributes["gen_ai.request.max_tokens"] = max(spec.params.max_tokens for spec in job.specs)
+    attributes["gen_ai.request.temperature"] = params.temperature
+    # the others where they change anything (a value at its default says nothing)
+    if params.top_p < 1:
+        attributes["gen_ai.request.top_p"] = params.top_p
+    if params.frequency_penalty:
+        attributes["gen_ai.request.frequency_penalty"] = params.frequency_penalty
+    if params.presence_penalty:
+        attributes["gen_ai.request.presence_penalty"] = params.presence_penalty
     if params.top_k > 0:
         attributes["gen_ai.request.top_k"] = params.top_k
     if params.seed is not None:
