@@ -126,20 +126,19 @@ class RequestTrace:
                      ) -> list[tuple[str, float, dict[str, Any]]]:
         """The first output's event and, before it, the core's first step of the request
         (its prefill's start: the core reports its queue and prefill seconds, on its own
-        clock, so the step is placed by the prefill's length back from the first token)."""
-        first = ("first_token", when, {"izh.time_to_first_token_s": when - self._start})
+        clock, so the step is placed by the prefill's length back from the first token).
+        Nothing the timestamps say is repeated in attributes: each one costs its export."""
+        first: tuple[str, float, dict[str, Any]] = ("first_token", when, {})
         if timing is None:
             return [first]
         queue, prefill = timing
-        return [("scheduled", when - prefill,
-                 {"izh.engine_queue_s": queue, "izh.prefill_s": prefill}), first]
+        return [("scheduled", when - prefill, {"izh.engine_queue_s": queue}), first]
 
 
 def request_attributes(job: Job) -> dict[str, Any]:
     """gen_ai.request.* of a job (its first choice's parameters: a request's choices share
     them), and the frontend's own (stream, LoRA adapter, priority)."""
-    attributes: dict[str, Any] = {"gen_ai.request.model": job.model,
-                                  "gen_ai.response.model": job.model, "izh.stream": job.stream}
+    attributes: dict[str, Any] = {"gen_ai.request.model": job.model, "izh.stream": job.stream}
     if not job.specs:  # nothing to generate: refused later, by the pipeline
         return attributes
     params = job.specs[0].params

@@ -62,7 +62,7 @@ def _command(model_dir: Path, port: int, collector: str | None) -> list[str]:
 
 
 def paired(names: list[str], rounds: int, model_dir: Path, port: int, out: Path,
-           settle_timeout: float) -> dict:
+           settle_timeout: float, control: bool = False) -> dict:
     results: dict[str, dict[str, list[dict]]] = {}
     ports = {kind: port + i for i, kind in enumerate(KINDS)}
     procs: dict[str, subprocess.Popen] = {}
@@ -70,7 +70,8 @@ def paired(names: list[str], rounds: int, model_dir: Path, port: int, out: Path,
         try:
             for kind in KINDS:
                 procs[kind] = servers.start(
-                    _command(model_dir, ports[kind], collector if kind == "traced" else None),
+                    _command(model_dir, ports[kind],
+                             collector if kind == "traced" and not control else None),
                     out / f"{kind}.log")
             for kind in KINDS:
                 servers.wait_ready(ports[kind], procs[kind])
@@ -98,13 +99,15 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=servers.ROOT / "bench-results" / "tracing")
     p.add_argument("--settle-timeout", type=float, default=20.0,
                    help="at most this long waiting for a quiet machine before a run")
+    p.add_argument("--control", action="store_true",
+                   help="trace neither server: the pairing's own bias and noise (A/A)")
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     model_dir = a.model_dir or a.out / "tiny-qwen3"
     if a.model_dir is None:  # compare_peers' reference checkpoint, made once
         make_tiny_checkpoint(model_dir, TinySpec())
     results = paired(a.workloads.split(","), a.rounds, model_dir, a.port, a.out,
-                     a.settle_timeout)
+                     a.settle_timeout, a.control)
     report(results, a.out, KINDS)
 
 
