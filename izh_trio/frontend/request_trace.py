@@ -26,7 +26,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from quart import Request
 
-from izh_trio.frontend import access_log
+from izh_trio.frontend import access_log, tracing
 from izh_trio.frontend.generation import Generation
 from izh_trio.frontend.serving.api import Head, Job
 
@@ -113,14 +113,21 @@ class RequestTrace:
             attributes["http.response.status_code"] = sent
         if status is not None and status >= 400:
             attributes["error.type"] = str(status)
-        span = self._tracer.start_span(
-            self._name, context=_PROPAGATOR.extract(self._carrier), kind=SpanKind.SERVER,
-            attributes=attributes, start_time=ns(self._start))
-        for name, when, event_attributes in events:
-            span.add_event(name, event_attributes, timestamp=ns(when))
-        if status is not None and status >= 500 and record is not None:
-            span.set_status(Status(StatusCode.ERROR, record.error))
-        span.end(end_time=ns(now))
+        error = record.error if status is not None and status >= 500 and record else None
+        start = ns(self._start)
+        timed = [(name, ns(when), event_attributes) for name, when, event_attributes in events]
+
+        def make() -> None:  # on tracing's thread: the data is all gathered
+            span = self._tracer.start_span(
+                self._name, context=_PROPAGATOR.extract(self._carrier),
+                kind=SpanKind.SERVER, attributes=attributes, start_time=start)
+            for name, when, event_attributes in timed:
+                span.add_event(name, event_attributes, timestamp=when)
+            if error is not None or (status is not None and status >= 500):
+                span.set_status(Status(StatusCode.ERROR, error))
+            span.end(end_time=timed[-1][1])
+
+        tracing.make_later(make)
 
     def _first_token(self, when: float, timing: tuple[float, float] | None
                      ) -> list[tuple[str, float, dict[str, Any]]]:
