@@ -42,8 +42,9 @@ SYSTEM = "izh_trio"
 class RequestTrace:
     """What the pipeline learns of the current request, made into its span when it ends.
 
-    The span is built in one go, its start time and events given: a request pays a few
-    stores into this object until then, and the SDK's locks and checks once."""
+    The span is built in one go, its start time and events given, on tracing's own thread
+    (``tracing.make_later``): a request pays a few stores into this object, and the SDK's
+    locks and checks are paid once, off the event loop."""
 
     def __init__(self, tracer: Tracer, route: str, request: Request) -> None:
         self._tracer = tracer

@@ -2,10 +2,11 @@
 
 Off by default, and then free: nothing here imports OpenTelemetry until :func:`start` is
 given an endpoint, and the request path checks one module-level name (``tracer is None``)
-before it does anything for a trace. On, spans go through a ``BatchSpanProcessor`` (a
-thread of the SDK's, off the event loop) to the OTLP/HTTP protobuf exporter, and
-:func:`shutdown` flushes them, within a deadline, when the server stops. The spans
-themselves are made by ``request_trace``.
+before it does anything for a trace. On, a request's span is made on a thread of this
+module's (:func:`make_later`) from what ``request_trace`` gathered, and goes through a
+``BatchSpanProcessor`` (a thread of the SDK's) to the OTLP/HTTP protobuf exporter:
+:func:`shutdown` makes the spans still asked for and flushes them, within a deadline, when
+the server stops.
 """
 
 from __future__ import annotations
