@@ -54,10 +54,18 @@ import importlib, pkgutil
 import torch
 if not torch.cuda.is_available():  # read when triton decorates a kernel, so before importing it
     os.environ.setdefault("TRITON_INTERPRET", "1")
-# every module of the wheel imports: the Triton backend (wherever the engine keeps it) with them
+# every module of the wheel imports: the Triton backend (wherever the engine keeps it) with
+# them; those that need an extra this plain install lacks (the server imports them only when
+# configured to use them, e.g. tracing's [otel]) fail with that extra's module missing, only
+NEEDS_EXTRA = {"izh_trio.frontend.request_trace": "opentelemetry"}
 for info in pkgutil.walk_packages(izh_trio.__path__, "izh_trio."):
-    if not info.name.endswith("__main__"):
+    if info.name.endswith("__main__"):
+        continue
+    try:
         importlib.import_module(info.name)
+    except ModuleNotFoundError as exc:
+        if NEEDS_EXTRA.get(info.name) != (exc.name or "").split(".")[0]:
+            raise
 from izh_trio import kernels
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 k, v = torch.randn(3, 2, 8, device=device), torch.randn(3, 2, 8, device=device)
