@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import random
 import re
+from importlib.resources import files
 from pathlib import Path
 
 import jsonschema
@@ -22,7 +23,8 @@ from izh_trio.frontend.tool_formats.llama3_json import Llama3Json
 from izh_trio.frontend.tool_formats.mistral import Mistral
 
 TEMPLATES = Path(__file__).parent.parent / "templates"
-QWEN3 = Path(__file__).parents[3] / "shared" / "reference" / "qwen3_chat_template.jinja"
+#: Qwen3's official template, as the package ships it (the embedded model's)
+QWEN3 = Path(str(files("izh_trio.tiny").joinpath("qwen3_chat_template.jinja")))
 
 
 def run(fmt: ToolFormat, pieces: list[str], *, tools: bool = True
