@@ -132,18 +132,24 @@ class ChatOutputParser:
             obj: Any = json.loads(body)
         except json.JSONDecodeError:
             return None
-        if not (isinstance(obj, dict) and isinstance(obj.get("name"), str)):
+        return call_from_json(obj, self._call_id)
+
+
+def call_from_json(obj: Any, call_id: Callable[[], str]) -> ToolCall | None:
+    """A call from ``{"name": .., "arguments" | "parameters": {..}}`` (an id from ``call_id``),
+    or None when the object is no call; arguments already JSON-encoded as a string, as some
+    models send them, are accepted."""
+    if not (isinstance(obj, dict) and isinstance(obj.get("name"), str) and obj["name"]):
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
             return None
-        args = obj.get("arguments", obj.get("parameters", {}))
-        if isinstance(args, str):  # some models send arguments already encoded
-            try:
-                args = json.loads(args)
-            except json.JSONDecodeError:
-                return None
-        if not isinstance(args, dict):
-            return None
-        return ToolCall(id=self._call_id(), name=obj["name"],
-                        arguments=json.dumps(args, ensure_ascii=False))
+    if not isinstance(args, dict):
+        return None
+    return ToolCall(id=call_id(), name=obj["name"], arguments=json.dumps(args, ensure_ascii=False))
 
 
 def _new_call_id() -> str:

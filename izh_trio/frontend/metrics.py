@@ -8,6 +8,7 @@ model's name); what the engine counts is read at scrape time (``metrics_engine``
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterator
 
 from prometheus_client import (
     GC_COLLECTOR,
@@ -18,6 +19,9 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from izh_trio.frontend.loop_lag import LoopLag
 from izh_trio.frontend.metrics_engine import (
@@ -71,13 +75,28 @@ def refusal_of(status: int, code: str | None) -> RefusalCause | None:
     return {429: RefusalCause.RATE_LIMIT, 413: RefusalCause.TOO_LARGE}.get(status)
 
 
+class _Renamed(Collector):
+    """``source``'s samples under another metric name (an alias kept for old dashboards)."""
+
+    def __init__(self, source: MetricWrapperBase, name: str, documentation: str) -> None:
+        self._source, self._name, self._documentation = source, name, documentation
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._source.collect():
+            alias = Metric(self._name, self._documentation, family.type)
+            for sample in family.samples:
+                alias.add_sample(self._name + sample.name[len(family.name):], sample.labels,
+                                 sample.value, sample.timestamp, sample.exemplar)
+            yield alias
+
+
 class RequestMetrics:
     """The per-request series of one served model (children of :class:`Metrics`' families,
     looked up once rather than per token)."""
 
     def __init__(self, metrics: Metrics, model: str) -> None:
         self.ttft = metrics.ttft.labels(model)
-        self._itl = (metrics.itl.labels(model), metrics.tpot.labels(model))
+        self._itl = metrics.itl.labels(model)
         self.e2e = metrics.e2e.labels(model)
         self._metrics, self._model = metrics, model
         self._phases = tuple(h.labels(model) for h in (
@@ -95,8 +114,7 @@ class RequestMetrics:
                 getattr(metrics, family).labels(model, value)
 
     def token_gap(self, seconds: float) -> None:
-        for h in self._itl:  # vLLM serves both names: old dashboards read the second
-            h.observe(seconds)
+        self._itl.observe(seconds)  # served under vLLM's older name too (_Renamed)
 
     def ended(self, reason: str, elapsed: float, counts: tuple[int, int, int],
               timing: tuple[float, float] | None, decode: float | None) -> None:
@@ -163,9 +181,10 @@ class Metrics:
                               "Arrival to first token, as the client sees it.", TTFT_BUCKETS)
         self.itl = histogram("inter_token_latency_seconds",
                              "Time between successive token deliveries.", ITL_BUCKETS)
-        self.tpot = histogram("time_per_output_token_seconds",
-                              "Time between successive token deliveries (vLLM's older name).",
-                              ITL_BUCKETS)
+        # vLLM serves both names (old dashboards read the second): one histogram, observed
+        # once per token, shown twice at scrape time
+        r.register(_Renamed(self.itl, p + "time_per_output_token_seconds",
+                            "Time between successive token deliveries (vLLM's older name)."))
         self.e2e = histogram("e2e_request_latency_seconds", "Arrival to last token.",
                              REQUEST_BUCKETS)
         self.queue_time = histogram("request_queue_time_seconds",
@@ -212,7 +231,7 @@ class Metrics:
         self.requests = RequestMetrics(self, model_name)
         if old == model_name:
             return
-        for family in (self.ttft, self.itl, self.tpot, self.e2e, self.queue_time,
+        for family in (self.ttft, self.itl, self.e2e, self.queue_time,
                        self.prefill_time, self.decode_time, self.inference_time,
                        self.request_tpot, self.prompt_tokens, self.generation_tokens,
                        self.max_generation_tokens, self.params_n, self.params_max_tokens):

@@ -6,9 +6,9 @@ call comes back in a later turn)."""
 from __future__ import annotations
 
 import hashlib
-import json
 import secrets
 import string
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import attrs
@@ -25,6 +25,38 @@ class OutputParser(Protocol):
     def feed(self, text: str) -> list[Event]: ...
 
     def finish(self) -> list[Event]: ...
+
+
+class JsonCallParser:
+    """The streaming frame shared by the JSON-call formats: text is buffered and worked off
+    by the format's ``_step`` until it needs more; a JSON decode is only retried once one of
+    ``CLOSERS`` has arrived since the last failed one (a value cannot end before)."""
+
+    CLOSERS = "}"
+
+    def __init__(self, call_id: Callable[[], str]) -> None:
+        self._buf = ""
+        self._call_id = call_id
+        self._closed = False  # a closer arrived since the last failed decode
+        self.calls: list[ToolCall] = []
+
+    def feed(self, text: str) -> list[Event]:
+        self._buf += text
+        self._closed = self._closed or any(c in text for c in self.CLOSERS)
+        return self._drain(final=False)
+
+    def finish(self) -> list[Event]:
+        return self._drain(final=True)
+
+    def _drain(self, *, final: bool) -> list[Event]:
+        out: list[Event] = []
+        while self._step(out, final):
+            pass
+        return [e for e in out if e.text or e.call]
+
+    def _step(self, out: list[Event], final: bool) -> bool:
+        """Work off what the buffer allows, adding events to ``out``; False: wait for more."""
+        raise NotImplementedError
 
 
 def openai_call_id() -> str:
@@ -51,22 +83,6 @@ def alnum_id_of(call_id: str) -> str:
         number, digit = divmod(number, len(_ALNUM))
         digits.append(_ALNUM[digit])
     return "".join(digits)
-
-
-def call_from_json(obj: Any, call_id: str) -> ToolCall | None:
-    """A call from ``{"name": .., "arguments" | "parameters": {..}}``, or None when the
-    object is no call (arguments already JSON-encoded as a string are accepted)."""
-    if not (isinstance(obj, dict) and isinstance(obj.get("name"), str) and obj["name"]):
-        return None
-    args = obj.get("arguments", obj.get("parameters", {}))
-    if isinstance(args, str):
-        try:
-            args = json.loads(args)
-        except json.JSONDecodeError:
-            return None
-    if not isinstance(args, dict):
-        return None
-    return ToolCall(id=call_id, name=obj["name"], arguments=json.dumps(args, ensure_ascii=False))
 
 
 @attrs.frozen

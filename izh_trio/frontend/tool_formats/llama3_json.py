@@ -18,9 +18,9 @@ from typing import Any
 
 import attrs
 
-from izh_trio.frontend.chat_parser import Event, ToolCall
+from izh_trio.frontend.chat_parser import Event, call_from_json
 from izh_trio.frontend.structured import tool_call_schema
-from izh_trio.frontend.tool_formats.base import OutputParser, ToolFormat, call_from_json
+from izh_trio.frontend.tool_formats.base import JsonCallParser, OutputParser, ToolFormat
 
 PYTHON_TAG = "<|python_tag|>"
 _DECODER = json.JSONDecoder()
@@ -33,27 +33,10 @@ class _State(enum.Enum):
     CONTENT = "content"  # the rest is content
 
 
-class Llama3JsonParser:
+class Llama3JsonParser(JsonCallParser):
     def __init__(self, *, tools: bool, call_id: Callable[[], str]) -> None:
+        super().__init__(call_id)
         self._state = _State.START if tools else _State.CONTENT
-        self._buf = ""
-        self._call_id = call_id
-        self._closed = False  # a "}" arrived since the last failed decode
-        self.calls: list[ToolCall] = []
-
-    def feed(self, text: str) -> list[Event]:
-        self._buf += text
-        self._closed = self._closed or "}" in text
-        return self._drain(final=False)
-
-    def finish(self) -> list[Event]:
-        return self._drain(final=True)
-
-    def _drain(self, *, final: bool) -> list[Event]:
-        out: list[Event] = []
-        while self._step(out, final):
-            pass
-        return [e for e in out if e.text or e.call]
 
     def _content(self, out: list[Event]) -> bool:
         out.append(Event("content", self._buf))
@@ -101,7 +84,7 @@ class Llama3JsonParser:
         except json.JSONDecodeError:
             self._closed = False
             return self._content(out) if final or not text.startswith("{") else False
-        call = call_from_json(obj, self._call_id())
+        call = call_from_json(obj, self._call_id)
         if call is None:
             return self._content(out)
         self.calls.append(call)

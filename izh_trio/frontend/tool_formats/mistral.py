@@ -12,14 +12,14 @@ from typing import Any
 
 import attrs
 
-from izh_trio.frontend.chat_parser import Event, ToolCall, _partial_suffix
+from izh_trio.frontend.chat_parser import Event, _partial_suffix, call_from_json
 from izh_trio.frontend.structured import json_answer, tool_call_schema
 from izh_trio.frontend.tool_formats.base import (
+    JsonCallParser,
     OutputParser,
     ToolFormat,
     alnum_call_id,
     alnum_id_of,
-    call_from_json,
 )
 
 TOOL_CALLS = "[TOOL_CALLS]"
@@ -31,28 +31,13 @@ class _State(enum.Enum):
     CALLS = "calls"  # after [TOOL_CALLS]: the list is expected (or is arriving)
 
 
-class MistralParser:
+class MistralParser(JsonCallParser):
+    CLOSERS = "]}"
+
     def __init__(self, *, tools: bool, call_id: Callable[[], str]) -> None:
+        super().__init__(call_id)
         self._tools = tools
         self._state = _State.CONTENT
-        self._buf = ""
-        self._call_id = call_id
-        self._closed = False  # a "]" or "}" arrived since the last failed decode
-        self.calls: list[ToolCall] = []
-
-    def feed(self, text: str) -> list[Event]:
-        self._buf += text
-        self._closed = self._closed or "]" in text or "}" in text
-        return self._drain(final=False)
-
-    def finish(self) -> list[Event]:
-        return self._drain(final=True)
-
-    def _drain(self, *, final: bool) -> list[Event]:
-        out: list[Event] = []
-        while self._step(out, final):
-            pass
-        return [e for e in out if e.text or e.call]
 
     def _step(self, out: list[Event], final: bool) -> bool:
         buf = self._buf
@@ -79,7 +64,7 @@ class MistralParser:
                 self._buf, self._state = "", _State.CONTENT
             return False
         items = obj if isinstance(obj, list) else [obj]
-        calls = [call_from_json(item, self._call_id()) for item in items]
+        calls = [call_from_json(item, self._call_id) for item in items]
         rest = body[end:]
         if not items or None in calls:
             out.append(Event("content", buf[: len(buf) - len(rest)]))
