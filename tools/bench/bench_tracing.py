@@ -14,7 +14,6 @@ their ratios (traced / off), as ``compare_peers`` prints them.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -24,7 +23,7 @@ from pathlib import Path
 
 from izh_trio.tiny import TinySpec, make_tiny_checkpoint
 from tools.bench import servers
-from tools.bench.compare_peers import _measure, _record, report
+from tools.bench.compare_peers import report, run_paired
 
 KINDS = ("traced", "off")  # the ratio: traced / off
 
@@ -63,29 +62,11 @@ def _command(model_dir: Path, port: int, collector: str | None) -> list[str]:
 
 def paired(names: list[str], rounds: int, model_dir: Path, port: int, out: Path,
            settle_timeout: float, control: bool = False) -> dict:
-    results: dict[str, dict[str, list[dict]]] = {}
-    ports = {kind: port + i for i, kind in enumerate(KINDS)}
-    procs: dict[str, subprocess.Popen] = {}
     with dropping_collector() as (collector, sizes):
-        try:
-            for kind in KINDS:
-                procs[kind] = servers.start(
-                    _command(model_dir, ports[kind],
-                             collector if kind == "traced" and not control else None),
-                    out / f"{kind}.log")
-            for kind in KINDS:
-                servers.wait_ready(ports[kind], procs[kind])
-            for rnd in range(rounds):
-                for name in names:
-                    for kind in KINDS if rnd % 2 == 0 else KINDS[::-1]:
-                        servers.settle(timeout=settle_timeout)
-                        peer = next(procs[k] for k in KINDS if k != kind)
-                        point = _measure(kind, name, ports[kind], procs[kind],
-                                         out / f"{kind}-{name}-{rnd}.json", peer)
-                        _record(results, rnd, kind, name, point)
-        finally:
-            for proc in procs.values():
-                servers.stop(proc)
+        commands = {kind: _command(model_dir, port + i,
+                                   collector if kind == "traced" and not control else None)
+                    for i, kind in enumerate(KINDS)}
+        results = run_paired(commands, names, rounds, port, out, settle_timeout)
     print(f"the collector took {len(sizes)} exports, {sum(sizes) / 1e3:.0f} kB of spans")
     return results
 

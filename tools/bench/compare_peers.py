@@ -139,13 +139,23 @@ def sequential(kinds: list[str], names: list[str], rounds: int, model_dir: Path,
 
 def paired(kinds: list[str], names: list[str], rounds: int, model_dir: Path, port: int,
            out: Path, dtype: str = "float32", settle_timeout: float = 20.0) -> dict:
+    commands = {kind: _command(kind, model_dir, port + i, dtype)
+                for i, kind in enumerate(kinds)}
+    return run_paired(commands, names, rounds, port, out, settle_timeout)
+
+
+def run_paired(commands: dict[str, list[str]], names: list[str], rounds: int, port: int,
+               out: Path, settle_timeout: float = 20.0) -> dict:
+    """Each server of ``commands`` (kind -> its command, serving on ``port`` + its index) up
+    side by side; every round runs each workload on one and then the other, the order
+    alternating between rounds, after the machine has gone quiet."""
+    kinds = list(commands)
     ports = {kind: port + i for i, kind in enumerate(kinds)}
     procs: dict[str, subprocess.Popen] = {}
     results: dict[str, dict[str, list[dict]]] = {}
     try:
         for kind in kinds:
-            procs[kind] = servers.start(_command(kind, model_dir, ports[kind], dtype),
-                                        out / f"{kind}.log")
+            procs[kind] = servers.start(commands[kind], out / f"{kind}.log")
         for kind in kinds:
             servers.wait_ready(ports[kind], procs[kind])
         for rnd in range(rounds):
