@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -164,3 +165,25 @@ def wait_for_metrics(base: str, ready: Callable[[dict[str, float]], bool], *,
 def idle(metrics: dict[str, float]) -> bool:
     """Nothing running, waiting, in flight (admission tickets too) or held in the KV cache."""
     return all(metrics[name] == 0 for name in (RUNNING, WAITING, IN_FLIGHT, KV_USAGE))
+
+
+def assert_streamed_calls_match(client: Any, kwargs: dict[str, Any], seed: int) -> None:
+    """A forced-call chat completion, streamed and not, with the same seed: the streamed
+    deltas (no content; each call's first delta with its id, type and name) reassemble to the
+    non-streamed calls, and both finish with ``tool_calls``."""
+    whole = client.chat.completions.create(**kwargs, seed=seed).choices[0]
+    calls: dict[int, dict] = {}
+    finish = None
+    for chunk in client.chat.completions.create(**kwargs, seed=seed, stream=True):
+        for c in chunk.choices:
+            finish = c.finish_reason or finish
+            assert not c.delta.content
+            for tc in c.delta.tool_calls or []:
+                if tc.id is not None:  # the first delta of a call: id, type and name
+                    assert tc.type == "function" and tc.function.name
+                    calls[tc.index] = {"name": tc.function.name, "arguments": ""}
+                calls[tc.index]["arguments"] += tc.function.arguments or ""
+    assert finish == whole.finish_reason == "tool_calls"
+    assert [calls[i] for i in sorted(calls)] == [
+        {"name": c.function.name, "arguments": c.function.arguments}
+        for c in whole.message.tool_calls]

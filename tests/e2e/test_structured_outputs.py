@@ -15,6 +15,8 @@ import jsonschema
 import openai
 import pytest
 
+from tests.e2e.conftest import assert_streamed_calls_match
+
 MODEL = "qwen3-test"
 SEEDS = range(12)
 WEATHER = {
@@ -123,22 +125,7 @@ def test_streamed_tool_calls_reassemble_to_the_non_streamed_ones(client: openai.
     kwargs = dict(model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice="required",
                   temperature=1.0, max_tokens=400)
     for seed in range(4):
-        whole = client.chat.completions.create(**kwargs, seed=seed).choices[0]
-        calls: dict[int, dict] = {}
-        finish = None
-        for chunk in client.chat.completions.create(**kwargs, seed=seed, stream=True):
-            for c in chunk.choices:
-                finish = c.finish_reason or finish
-                assert not c.delta.content
-                for tc in c.delta.tool_calls or []:
-                    if tc.id is not None:  # the first delta of a call: id, type and name
-                        assert tc.type == "function" and tc.function.name
-                        calls[tc.index] = {"name": tc.function.name, "arguments": ""}
-                    calls[tc.index]["arguments"] += tc.function.arguments or ""
-        assert finish == whole.finish_reason == "tool_calls"
-        assert [calls[i] for i in sorted(calls)] == [
-            {"name": c.function.name, "arguments": c.function.arguments}
-            for c in whole.message.tool_calls]
+        assert_streamed_calls_match(client, kwargs, seed)
 
 
 def test_json_schema_outputs_always_validate(client: openai.OpenAI) -> None:

@@ -19,7 +19,7 @@ import openai
 import pytest
 from tokenizers import AddedToken, Tokenizer
 
-from tests.e2e.conftest import free_port, running_server, serve_args
+from tests.e2e.conftest import assert_streamed_calls_match, free_port, running_server, serve_args
 from tests.engine.test_llama_qwen2 import make_family
 
 TEMPLATES = Path(__file__).parent.parent / "templates"
@@ -125,21 +125,7 @@ def test_streamed_calls_reassemble_to_the_whole(family: tuple[str, openai.OpenAI
     kwargs = dict(model="m", messages=MESSAGES, tools=TOOLS, tool_choice="required",
                   temperature=1.0, max_tokens=300)
     for seed in range(3):
-        whole = client.chat.completions.create(**kwargs, seed=seed).choices[0]
-        calls: dict[int, dict] = {}
-        finish = None
-        for chunk in client.chat.completions.create(**kwargs, seed=seed, stream=True):
-            for c in chunk.choices:
-                finish = c.finish_reason or finish
-                assert not c.delta.content
-                for tc in c.delta.tool_calls or []:
-                    if tc.id is not None:
-                        calls[tc.index] = {"name": tc.function.name, "arguments": ""}
-                    calls[tc.index]["arguments"] += tc.function.arguments or ""
-        assert finish == whole.finish_reason == "tool_calls"
-        assert [calls[i] for i in sorted(calls)] == [
-            {"name": c.function.name, "arguments": c.function.arguments}
-            for c in whole.message.tool_calls]
+        assert_streamed_calls_match(client, kwargs, seed)
 
 
 def test_auto_reads_calls_in_the_family_syntax(family: tuple[str, openai.OpenAI]) -> None:
