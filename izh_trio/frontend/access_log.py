@@ -25,7 +25,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from typing import Any
 
@@ -130,8 +130,11 @@ def noted(error: APIError) -> APIError:
 
 
 # ---------------------------------------------------------------- the ASGI wrapper
-def with_access_log(asgi_app: ASGIApp) -> ASGIApp:
-    """Wrap an ASGI app so that every HTTP request is logged when its call ends."""
+def with_access_log(asgi_app: ASGIApp,
+                    on_status: Callable[[int], None] | None = None) -> ASGIApp:
+    """Wrap an ASGI app so that every HTTP request is logged when its call ends.
+    ``on_status``: called with each response's status as its status line goes out (the
+    status counts: ``http_metrics``), from this wrapper's look at every send."""
 
     async def app(scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
         if scope["type"] != "http":
@@ -150,6 +153,8 @@ def with_access_log(asgi_app: ASGIApp) -> ASGIApp:
             nonlocal error_body
             if message["type"] == "http.response.start":
                 record.status = message["status"]
+                if on_status is not None:
+                    on_status(record.status)
                 record.request_id = _request_id(message.get("headers", ())) or record.request_id
                 if record.status >= 500:
                     error_body = []

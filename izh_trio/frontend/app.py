@@ -14,7 +14,6 @@ from izh_trio.frontend.access_log import with_access_log
 from izh_trio.frontend.asgi import close_unless_body_read, shield_last_send
 from izh_trio.frontend.auth import OPEN_PATHS, authorized, bearer_token, key_bytes
 from izh_trio.frontend.errors import APIError, error_body
-from izh_trio.frontend.http_metrics import with_status_counts
 from izh_trio.frontend.messages.errors import anthropic_error, anthropic_status, speaks_anthropic
 from izh_trio.frontend.messages.route import bp as messages_bp
 from izh_trio.frontend.metrics import refusal_of
@@ -93,8 +92,8 @@ def create_app(settings: Settings) -> QuartTrio:
         app.register_blueprint(bp)
     # quart documents replacing asgi_app to wrap the app, but types it as a method
     app.asgi_app = with_access_log(  # type: ignore[method-assign, assignment]
-        with_status_counts(with_request_scope(close_unless_body_read(shield_last_send(
-            app.asgi_app))), server.metrics.http_responses))
+        with_request_scope(close_unless_body_read(shield_last_send(app.asgi_app))),
+        on_status=server.metrics.statuses.count)
     return app
 
 

@@ -25,7 +25,7 @@ from izh_trio.frontend import access_log
 from izh_trio.frontend.engine_client import EngineClient, EngineUnavailable
 from izh_trio.frontend.errors import APIError
 from izh_trio.frontend.generation_registry import Registry
-from izh_trio.frontend.metrics import Metrics
+from izh_trio.frontend.metrics import Metrics, RequestMetrics
 from izh_trio.frontend.request_stream import EngineError, Notifier, RequestStream
 from izh_trio.frontend.stop import StopChecker
 from izh_trio.frontend.tokenizer import ModelTokenizer
@@ -99,7 +99,7 @@ class _Choice:
         self.counts = (len(spec.prompt_ids), 0, 0)  # prompt, output, cached tokens so far
         self.timing: tuple[float, float] | None = None  # the core's queue and prefill seconds
 
-    def take(self, metrics: Metrics, arrival: float, *, expiring: bool = False
+    def take(self, metrics: RequestMetrics, arrival: float, *, expiring: bool = False
              ) -> ChoiceDelta | None:
         """What arrived since the last call, as a delta; None if nothing is due yet.
 
@@ -111,11 +111,11 @@ class _Choice:
         now = time.monotonic()
         if self.last is None:
             self.first = now
-            metrics.requests.ttft.observe(now - arrival)
+            metrics.ttft.observe(now - arrival)
             access_log.note_first_token(now - arrival)
             self.timing = delta.first_token_timing
         else:
-            metrics.requests.token_gap(now - self.last)
+            metrics.itl.observe(now - self.last)
         self.last = now
         finished = delta.finish_reason
         shown, stop_token = delta.token_ids, delta.stop_token_id
@@ -137,7 +137,7 @@ class _Choice:
         return self._delta(text, delta.token_ids, delta.logprobs, delta.prompt_logprobs,
                            reason, stop_reason, metrics, now - arrival)
 
-    def expire(self, metrics: Metrics, arrival: float) -> ChoiceDelta:
+    def expire(self, metrics: RequestMetrics, arrival: float) -> ChoiceDelta:
         """The deadline passed: end with what was generated (and any held-back text)."""
         delta = self.take(metrics, arrival, expiring=True)
         self.stream.abort()
@@ -149,21 +149,24 @@ class _Choice:
 
     def _delta(self, text: str, token_ids: list[int], logprobs: list[TokenLogprobs] | None,
                prompt_logprobs: tuple[TokenLogprobs, ...] | None, reason: str | None,
-               stop_reason: str | int | None, metrics: Metrics, elapsed: float) -> ChoiceDelta:
+               stop_reason: str | int | None, metrics: RequestMetrics, elapsed: float
+               ) -> ChoiceDelta:
         first, self.started = not self.started, True
         if reason is not None:
             self.done, self.reason = True, reason
-            metrics.requests.ended(reason, elapsed, self.counts, self.timing, None if
-                                   self.first is None else time.monotonic() - self.first)
+            metrics.ended(reason, elapsed, self.counts, self.timing, None if
+                          self.first is None else time.monotonic() - self.first)
         return ChoiceDelta(self.spec.index, text, token_ids, logprobs, prompt_logprobs, reason,
                            stop_reason, *self.counts, first)
+
 
 class Generation:
     def __init__(self, choices: list[_Choice], notifier: Notifier, metrics: Metrics,
                  arrival: float, deadline: float) -> None:
         self._choices = choices
         self._notifier = notifier
-        self._metrics = metrics
+        # the served model's series, bound at start: looked up here once, not per token
+        self._metrics = metrics.requests
         self._arrival = arrival
         self._deadline = deadline  # trio time; inf: none
         self._aborted: str | None = None
@@ -203,18 +206,19 @@ class Generation:
                       cached_tokens=sum(c.counts[2] for c in firsts),
                       finish_reasons=[c.reason for c in self._choices if c.reason is not None])
 
-    def report(self) -> None:
-        """Hand the access log this generation's totals."""
-        access_log.note_generation(**attrs.asdict(self.totals()))
-
-    def settle(self) -> None:
-        """Count, once, the request's parameters and what cut it short (``settled``)."""
+    def close(self) -> None:
+        """It is left: count, once, the request's parameters and what cut it short
+        (``settled``), then hand the access log its totals."""
         cause, first = self.end_cause, self._choices[0].spec
-        self._metrics.requests.settled(
+        self._metrics.settled(
             cause.value if cause is not None else None,
             [(*c.counts, c.done) for c in self._choices],
             sum(c.spec.prompt_index == first.prompt_index for c in self._choices),
             first.params.max_tokens)
+        totals = self.totals()
+        access_log.note_generation(
+            prompt_tokens=totals.prompt_tokens, completion_tokens=totals.completion_tokens,
+            cached_tokens=totals.cached_tokens, finish_reasons=totals.finish_reasons)
 
     async def next(self) -> list[ChoiceDelta]:
         """The deltas that arrived since the last call; an empty list once every choice ended."""
@@ -292,6 +296,5 @@ async def open_generation(context: GenerationContext, plan: GenerationPlan
                                 plan.deadline)
         context.registry.add(generation)
         stack.callback(context.registry.discard, generation)
-        stack.callback(generation.report)
-        stack.callback(generation.settle)
+        stack.callback(generation.close)
         yield generation

@@ -15,14 +15,13 @@ from prometheus_client import (
     PROCESS_COLLECTOR,
     CollectorRegistry,
     Counter,
-    Histogram,
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from izh_trio.frontend.http_metrics import StatusCounts
 from izh_trio.frontend.loop_lag import LoopLag
 from izh_trio.frontend.metrics_engine import (
     AdmissionStatisticsSource,
@@ -30,6 +29,7 @@ from izh_trio.frontend.metrics_engine import (
     EngineStatistics,
     ServerFacts,
 )
+from izh_trio.frontend.metrics_histogram import LabelledHistogram
 
 disable_created_metrics()  # the *_created series only add noise to every scrape
 
@@ -78,7 +78,7 @@ def refusal_of(status: int, code: str | None) -> RefusalCause | None:
 class _Renamed(Collector):
     """``source``'s samples under another metric name (an alias kept for old dashboards)."""
 
-    def __init__(self, source: MetricWrapperBase, name: str, documentation: str) -> None:
+    def __init__(self, source: Collector, name: str, documentation: str) -> None:
         self._source, self._name, self._documentation = source, name, documentation
 
     def collect(self) -> Iterator[Metric]:
@@ -91,14 +91,15 @@ class _Renamed(Collector):
 
 
 class RequestMetrics:
-    """The per-request series of one served model (children of :class:`Metrics`' families,
-    looked up once rather than per token)."""
+    """The per-request series of one served model: children of :class:`Metrics`' families,
+    each looked up once here (``labels()`` builds a key and takes a lock) rather than per
+    token or per request."""
 
     def __init__(self, metrics: Metrics, model: str) -> None:
         self.ttft = metrics.ttft.labels(model)
-        self._itl = metrics.itl.labels(model)
-        self.e2e = metrics.e2e.labels(model)
-        self._metrics, self._model = metrics, model
+        #: Observed once per token delivery; served under vLLM's older name too (_Renamed).
+        self.itl = metrics.itl.labels(model)
+        self._e2e = metrics.e2e.labels(model)
         self._phases = tuple(h.labels(model) for h in (
             metrics.queue_time, metrics.prefill_time, metrics.decode_time,
             metrics.inference_time))
@@ -109,31 +110,38 @@ class RequestMetrics:
         self._n = metrics.params_n.labels(model)
         self._max_tokens = metrics.params_max_tokens.labels(model)
         # Every cause and reason from zero, so that rates and alerts have a series at once.
-        for family, values in _ZEROED.items():
-            for value in values:
-                getattr(metrics, family).labels(model, value)
+        def zeroed(family: str) -> dict[str, Counter]:
+            return {value: getattr(metrics, family).labels(model, value)
+                    for value in _ZEROED[family]}
 
-    def token_gap(self, seconds: float) -> None:
-        self._itl.observe(seconds)  # served under vLLM's older name too (_Renamed)
+        self._success = zeroed("request_success")
+        self._aborts = zeroed("aborts")
+        self._refusals = zeroed("refusals")
+        self._metrics, self._model = metrics, model
 
     def ended(self, reason: str, elapsed: float, counts: tuple[int, int, int],
               timing: tuple[float, float] | None, decode: float | None) -> None:
         """A choice finished (``reason``: the API's finish reason) ``elapsed`` after arrival,
         with (prompt, generated, cached) tokens; ``timing``: the core's queue and prefill
         seconds, ``decode``: first token to now, both None if no token came."""
-        self.e2e.observe(elapsed)
+        self._e2e.observe(elapsed)
         self._finished(reason, counts)
         if timing is None or decode is None:
             return
         queue, prefill = timing
-        for h, seconds in zip(self._phases, (queue, prefill, decode, prefill + decode),
-                              strict=True):
-            h.observe(seconds)
+        queue_time, prefill_time, decode_time, inference_time = self._phases
+        queue_time.observe(queue)
+        prefill_time.observe(prefill)
+        decode_time.observe(decode)
+        inference_time.observe(prefill + decode)
         if counts[1] > 1:  # the mean time per output token after the first
             self._request_tpot.observe(decode / (counts[1] - 1))
 
     def _finished(self, reason: str, counts: tuple[int, int, int]) -> None:
-        self._metrics.request_success.labels(self._model, reason).inc()
+        success = self._success.get(reason)
+        if success is None:  # not one of vLLM's three: counted all the same
+            success = self._metrics.request_success.labels(self._model, reason)
+        success.inc()
         self._prompt.observe(counts[0])
         self._generation.observe(counts[1])
 
@@ -148,13 +156,13 @@ class RequestMetrics:
         self._max_generation.observe(max(c[1] for c in choices))
         unfinished = [c[:3] for c in choices if not c[3]]
         if cause in ABORT_CAUSES or (cause is None and unfinished):
-            self._metrics.aborts.labels(self._model, cause or CLIENT_DISCONNECT).inc()
+            self._aborts[cause or CLIENT_DISCONNECT].inc()
         if cause not in FAILURES:  # choices cut short end as vLLM's "abort"
             for counts in unfinished:
                 self._finished("abort", counts)
 
     def refused(self, cause: RefusalCause) -> None:
-        self._metrics.refusals.labels(self._model, cause.value).inc()
+        self._refusals[cause.value].inc()
 
 
 class Metrics:
@@ -170,8 +178,8 @@ class Metrics:
         p = f"{prefix}:"
         model = ["model_name"]
 
-        def histogram(name: str, text: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(p + name, text, model, buckets=buckets, registry=r)
+        def histogram(name: str, text: str, buckets: tuple[float, ...]) -> LabelledHistogram:
+            return LabelledHistogram(p + name, text, "model_name", buckets, r)
 
         self.request_success = Counter(p + "request_success", "Finished requests.",
                                        [*model, "finished_reason"], registry=r)
@@ -218,8 +226,7 @@ class Metrics:
                                 [*model, "cause"], registry=r)
         self.http_responses = Counter(p + "http_responses", "HTTP answers by status class.",
                                       ["status"], registry=r)
-        for status in ("2xx", "4xx", "5xx"):  # zero from the start: rates need a base
-            self.http_responses.labels(status)
+        self.statuses = StatusCounts(self.http_responses)
         self.loop_lag = LoopLag(r, prefix)
         self.requests = RequestMetrics(self, "")
         self._bound = ""

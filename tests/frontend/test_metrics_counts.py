@@ -63,3 +63,37 @@ def test_binding_the_model_name_drops_the_series_of_the_one_before() -> None:
     assert 'model_name="first"' not in text
     assert 'vllm:request_queue_time_seconds_count{model_name="m"} 0.0' in text
     assert "izh:" not in text
+
+
+def test_the_request_histograms_expose_what_prometheus_clients_histogram_does() -> None:
+    # metrics_histogram keeps plain counts for speed; its exposition must be the library's
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from izh_trio.frontend.metrics import ITL_BUCKETS, TOKEN_BUCKETS
+    from izh_trio.frontend.metrics_histogram import LabelledHistogram
+
+    for buckets in (ITL_BUCKETS, TOKEN_BUCKETS):
+        ours, theirs = CollectorRegistry(), CollectorRegistry()
+        fast = LabelledHistogram("izh:h", "Doc.", "model_name", buckets, ours)
+        slow = Histogram("izh:h", "Doc.", ["model_name"], buckets=buckets, registry=theirs)
+        fast.labels("gone"), slow.labels("gone")
+        fast.remove("gone"), slow.remove("gone")
+        for value in (-1.0, 0.0, buckets[0], buckets[3], buckets[3] + 1e-9, buckets[-1],
+                      1e12, float("inf"), 0.02):
+            fast.labels("m").observe(value)
+            slow.labels("m").observe(value)
+        fast.labels("idle"), slow.labels("idle")  # a zero series
+        assert generate_latest(ours) == generate_latest(theirs)
+
+
+def test_statuses_are_counted_by_class_from_zero() -> None:
+    metrics = _metrics()
+    for status in (200, 201, 404, 503, 101):
+        metrics.statuses.count(status)
+
+    def count(status: str) -> float | None:
+        return metrics.registry.get_sample_value("izh:http_responses_total",
+                                                 {"status": status})
+
+    assert (count("1xx"), count("2xx"), count("3xx"), count("4xx"), count("5xx")) == (
+        1, 2, None, 1, 1)
