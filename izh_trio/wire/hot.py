@@ -41,17 +41,13 @@ def _lp_in(v: Any) -> TokenLogprobs:
                          _ints(ids, "top_ids"), tuple(lps))
 
 
-def _lps_in(v: Any) -> tuple[TokenLogprobs, ...] | None:
-    if v is None:
-        return None
+def _lps_in(v: Any) -> tuple[TokenLogprobs, ...]:
     if type(v) is not list:
         raise TypeError("logprobs must be an array or null")
     return tuple(_lp_in(x) for x in v)
 
 
-def _timing_in(v: Any) -> tuple[float, float] | None:
-    if v is None:
-        return None
+def _timing_in(v: Any) -> tuple[float, float]:
     if type(v) is not list or len(v) != 2 or not all(type(x) is float for x in v):
         raise TypeError("first_token_timing must be an array of 2 floats or null")
     return v[0], v[1]
@@ -81,8 +77,11 @@ def structure_output(v: Any) -> RequestOutput:
     return RequestOutput(
         rid, _ints(ids, "new_token_ids"), _int(n_prompt, "num_prompt_tokens"),
         _int(n_out, "num_output_tokens"), _int(n_cached, "num_cached_tokens"),
-        _REASONS[reason] if reason is not None else None, stop, _lps_in(lps),
-        _lps_in(prompt_lps), _timing_in(timing),
+        _REASONS[reason] if reason is not None else None, stop,
+        # mostly null, and this runs for every token: no call to say so
+        None if lps is None else _lps_in(lps),
+        None if prompt_lps is None else _lps_in(prompt_lps),
+        None if timing is None else _timing_in(timing),
     )
 
 
