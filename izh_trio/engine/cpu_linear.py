@@ -1,32 +1,35 @@
-"""Linear layers on CPU with their weights packed once into oneDNN's blocked layout.
+"""Linear layers on CPU with their weights packed once into a layout made for them.
 
 ``F.linear`` on CPU re-reads a plain row-major weight at every call; oneDNN's matmul on a
-weight reordered once at load time runs the same fp32 arithmetic faster from a few rows up
-(a decode step has one row per sequence). A single row is the exception (MKL's GEMV streams a
-plain weight better), and that is a single stream's latency: so a model whose linear weights
-are small (``PLAIN_COPY_LIMIT``) keeps the plain copy too, for one-row calls; a larger one is
-packed only, rather than doubling its weights' memory. Measure with
-``python -m tools.micro.bench_cpu_linear``; figures in ``tools/bench/results/cpu-kernels.md``.
-Weights never change after loading (LoRA adds its own low-rank term beside the base layer),
-so packing once is safe.
+weight reordered once at load time runs the same arithmetic faster from a few rows up, and our
+own blocked kernel (``cpu_linear_blocked``: fp32 on AVX-512, bf16 on AVX512-BF16) reads a
+weight faster still at a decode step's few rows, while at a prefill's many it is a little
+behind oneDNN. So a model whose linear weights are small (``TWO_COPY_LIMIT``) keeps both
+copies: the blocked one for up to ``cpu_linear_blocked.ROWS_PER_PASS`` rows, oneDNN's above; a
+larger one keeps the blocked copy only rather than doubling its weights' memory. Where the
+kernel cannot serve (no AVX-512, no compiler, ``IZH_CPU_LINEAR_BLOCKED=0``), oneDNN's serves
+with, in a small model, the plain weight for one-row calls (MKL's GEMV streams it better).
+Measure with ``python -m tools.micro.bench_cpu_linear``; figures in
+``tools/bench/results/cpu-kernels.md``. Weights never change after loading (LoRA adds its own
+low-rank term beside the base layer), so packing once is safe.
 
-Packing is checked before it is trusted: a layer is only swapped when the packed product of a
-probe input matches ``F.linear``'s; any build without oneDNN, or any dtype it cannot serve,
-keeps plain ``nn.Linear``. ``IZH_ONEDNN_LINEAR=0`` keeps it too (for A/B measurements).
-bf16 weights go to our own kernel where the CPU has AVX512-BF16 (``cpu_linear_bf16``), which
-reads them faster at a decode step's few rows.
+Every packing is checked before it is trusted: a layer is only swapped when the packed
+product of a probe input matches ``F.linear``'s; any build without oneDNN, or any dtype it
+cannot serve, keeps plain ``nn.Linear``. ``IZH_ONEDNN_LINEAR=0`` keeps it too (for A/B
+measurements).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from izh_trio.engine import cpu_linear_bf16
+from izh_trio.engine import cpu_linear_blocked
 from izh_trio.engine.loader import cpu_has_native_bf16
 
 log = logging.getLogger(__name__)
@@ -37,33 +40,34 @@ def _packable_dtypes() -> tuple[torch.dtype, ...]:
     return (torch.float32, torch.bfloat16) if cpu_has_native_bf16() else (torch.float32,)
 
 
-#: Up to this many bytes of plain linear weights, a plain copy is kept for one-row calls.
-PLAIN_COPY_LIMIT = 256 << 20
+#: Up to this many bytes of linear weights, a second copy serves a decode step's few rows.
+TWO_COPY_LIMIT = 256 << 20
 
 
 class PackedLinear(nn.Module):
-    """``y = x @ W.T + b`` with ``W`` in oneDNN's layout, and in plain layout too when
-    ``plain`` is given (then used for one-row inputs)."""
+    """``y = x @ W.T + b`` with ``W`` in oneDNN's layout; inputs of up to ``few_rows`` rows
+    go to ``few`` when given (the same weights in a layout faster at those rows)."""
 
     def __init__(self, packed: torch.Tensor, bias: torch.Tensor | None,
-                 in_features: int, out_features: int, plain: torch.Tensor | None = None
-                 ) -> None:
+                 in_features: int, out_features: int) -> None:
         super().__init__()
         self.packed = packed
-        self.plain = plain
         self.bias = bias
         self.in_features, self.out_features = in_features, out_features
+        # a function, not a submodule: the same weights, not a layer of the model's own
+        self.few: Callable[[torch.Tensor], torch.Tensor] | None = None
+        self.few_rows = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.plain is not None and x.numel() == self.in_features:
-            return F.linear(x, self.plain, self.bias)
+        if self.few is not None and x.numel() <= self.few_rows * self.in_features:
+            return self.few(x)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN"
 
 
-def _pack(linear: nn.Linear, keep_plain: bool) -> PackedLinear | None:
+def _pack(linear: nn.Linear) -> PackedLinear | None:
     weight = linear.weight.detach()
     bias = linear.bias.detach() if linear.bias is not None else None
     try:
@@ -79,8 +83,6 @@ def _pack(linear: nn.Linear, keep_plain: bool) -> PackedLinear | None:
     if not torch.allclose(got, want, rtol=tol, atol=tol * want.abs().max().item()):
         log.warning("oneDNN linear disagrees with torch's on a probe; using torch's")
         return None
-    if keep_plain:
-        layer.plain = weight
     return layer
 
 
@@ -92,22 +94,30 @@ def pack_linears(model: nn.Module) -> int:
     targets = [(name, module) for name, module in model.named_modules()
                if type(module) is nn.Linear and module.weight.device.type == "cpu"
                and module.weight.dtype in dtypes]
-    keep_plain = sum(m.weight.nbytes for _, m in targets) <= PLAIN_COPY_LIMIT
-    own_bf16 = cpu_linear_bf16.available()
+    two_copies = sum(m.weight.nbytes for _, m in targets) <= TWO_COPY_LIMIT
+    own = {dtype for dtype in dtypes if cpu_linear_blocked.available(dtype)}
     swapped = 0
     with torch.no_grad():
         for name, linear in targets:
-            layer: nn.Module | None = None
-            if own_bf16 and linear.weight.dtype == torch.bfloat16:
-                layer = cpu_linear_bf16.from_linear(linear)
-                if layer is None:
-                    log.warning("the bf16 linear kernel disagrees with torch's on a probe; "
-                                "using oneDNN's")
-                    own_bf16 = False
-            if layer is None:
-                layer = _pack(linear, keep_plain)
-            if layer is None:
-                return swapped  # the same build fails the same way for the rest
+            blocked = None
+            if linear.weight.dtype in own:
+                blocked = cpu_linear_blocked.from_linear(linear)
+                if blocked is None:
+                    log.warning("the blocked linear kernel disagrees with torch's on a probe "
+                                "in %s; using oneDNN's", linear.weight.dtype)
+                    own.discard(linear.weight.dtype)
+            layer: nn.Module | None = blocked
+            if blocked is None or two_copies:
+                packed = _pack(linear)
+                if packed is None and blocked is None:
+                    return swapped  # the same build fails the same way for the rest
+                if packed is not None and blocked is not None:
+                    packed.few = blocked.forward
+                    packed.few_rows = cpu_linear_blocked.ROWS_PER_PASS
+                elif packed is not None and two_copies:
+                    # the original layer is the plain weight's F.linear
+                    packed.few, packed.few_rows = linear.forward, 1
+                layer = packed if packed is not None else blocked
             parent_name, _, attr = name.rpartition(".")
             setattr(model.get_submodule(parent_name) if parent_name else model, attr, layer)
             swapped += 1

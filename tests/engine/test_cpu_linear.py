@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from izh_trio.engine import cpu_linear
+from izh_trio.engine import cpu_linear, cpu_linear_blocked
 from izh_trio.engine.cpu_linear import PackedLinear, pack_linears
-from izh_trio.engine.cpu_linear_bf16 import Bf16Linear
+from izh_trio.engine.cpu_linear_blocked import BlockedLinear
 from izh_trio.engine.model_runner import ModelRunner
 from izh_trio.wire import EngineConfig
 
@@ -29,7 +29,7 @@ def test_packed_matches_plain_for_any_row_count(dtype: torch.dtype, bias: bool) 
     plain = [(m.weight.detach().clone(), None if m.bias is None else m.bias.detach().clone())
              for m in model]
     assert pack_linears(model) == 2
-    assert all(isinstance(m, (PackedLinear, Bf16Linear)) for m in model)
+    assert all(isinstance(m, (PackedLinear, BlockedLinear)) for m in model)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     for rows in (1, 7, 32, 257):
         x = torch.randn(rows, 256).to(dtype)
@@ -53,6 +53,10 @@ def test_a_disagreeing_pack_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cpu_linear.torch.ops.mkldnn, "_reorder_linear_weight",
                         lambda w: real(w * 1.01), raising=False)
     model = nn.Sequential(nn.Linear(64, 32))
+    if cpu_linear_blocked.available(torch.float32):  # then the blocked kernel serves alone
+        assert pack_linears(model) == 1 and isinstance(model[0], BlockedLinear)
+    monkeypatch.setattr(cpu_linear_blocked, "available", lambda dtype: False)
+    model = nn.Sequential(nn.Linear(64, 32))
     assert pack_linears(model) == 0 and type(model[0]) is nn.Linear
 
 
@@ -61,26 +65,46 @@ def test_engine_model_runs_packed(tiny_dir: Path) -> None:
     ``test_qwen3_vs_transformers`` on this same path)."""
     model = ModelRunner(EngineConfig(model_dir=str(tiny_dir), num_kv_blocks=8)).model
     assert not any(type(m) is nn.Linear for m in model.modules())
-    assert sum(isinstance(m, (PackedLinear, Bf16Linear)) for m in model.modules()) > 0
+    assert sum(isinstance(m, (PackedLinear, BlockedLinear)) for m in model.modules()) > 0
 
 
-def test_one_row_runs_on_the_plain_copy_of_a_small_model(monkeypatch: pytest.MonkeyPatch
+def test_few_rows_run_on_a_second_copy_of_a_small_model(monkeypatch: pytest.MonkeyPatch
                                                          ) -> None:
-    """A lone sequence's step is faster on MKL's GEMV: small models keep the plain weight for
-    one-row calls; above the limit only the packed weight is kept (no doubled memory)."""
+    """A decode step's few rows are faster on the blocked kernel (or, without it, one row on
+    MKL's GEMV): a small model keeps that copy beside oneDNN's; above the limit only one copy
+    is kept (no doubled memory), the blocked one where the kernel serves."""
     torch.manual_seed(0)
+    blocked = cpu_linear_blocked.available(torch.float32)
     small = nn.Sequential(nn.Linear(64, 32))
-    w = small[0].weight.detach().clone()
-    assert pack_linears(small) == 1 and small[0].plain is not None
-    calls, linear = [], F.linear
-    monkeypatch.setattr(cpu_linear.F, "linear", lambda *a: calls.append(1) or linear(*a))
-    x = torch.randn(1, 64)
-    assert torch.allclose(small(x), x @ w.T + small[0].bias, atol=1e-5) and calls == [1]
-    small(torch.randn(3, 64))
-    assert calls == [1]  # more rows: the packed weight
-    monkeypatch.setattr(cpu_linear, "PLAIN_COPY_LIMIT", 0)
+    w, b = small[0].weight.detach().clone(), small[0].bias.detach().clone()
+    assert pack_linears(small) == 1 and isinstance(small[0], PackedLinear)
+    few_rows = cpu_linear_blocked.ROWS_PER_PASS if blocked else 1
+    assert small[0].few is not None and small[0].few_rows == few_rows
+    calls, few = [], small[0].few
+    small[0].few = lambda x: calls.append(len(x)) or few(x)
+    x = torch.randn(few_rows, 64)
+    assert torch.allclose(small(x), x @ w.T + b, atol=1e-5) and calls == [few_rows]
+    more = torch.randn(few_rows + 1, 64)
+    assert torch.allclose(small(more), more @ w.T + b, atol=1e-5)
+    assert calls == [few_rows]  # more rows: oneDNN's packed weight
+    monkeypatch.setattr(cpu_linear, "TWO_COPY_LIMIT", 0)
     big = nn.Sequential(nn.Linear(64, 32))
-    assert pack_linears(big) == 1 and big[0].plain is None
-    calls.clear()  # the pack's own probe ran F.linear once
-    big(x)
-    assert calls == []
+    assert pack_linears(big) == 1
+    if blocked:
+        assert isinstance(big[0], BlockedLinear)
+    else:
+        assert isinstance(big[0], PackedLinear) and big[0].few is None
+
+
+def test_without_the_blocked_kernel_one_row_runs_on_the_plain_weight(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cpu_linear_blocked, "available", lambda dtype: False)
+    small = nn.Sequential(nn.Linear(64, 32))
+    assert pack_linears(small) == 1 and small[0].few_rows == 1
+    calls, linear = [], F.linear
+    monkeypatch.setattr(torch.nn.modules.linear.F, "linear",
+                        lambda *a: calls.append(1) or linear(*a))
+    small(torch.randn(1, 64))
+    assert calls == [1]
+    small(torch.randn(3, 64))
+    assert calls == [1]

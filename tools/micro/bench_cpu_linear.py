@@ -1,5 +1,5 @@
 """Time the engine's linear layers on CPU: plain ``F.linear``, oneDNN's packed weight, and
-(in bf16, on AVX512-BF16) our own kernel's packed weight.
+(fp32 on AVX-512, bf16 on AVX512-BF16) our own kernel's blocked weight.
 
     python -m tools.micro.bench_cpu_linear [--dtype float32] [--threads 1] [--layers 1]
         [--hidden 256] [--intermediate 768] [--heads 4] [--kv-heads 2] [--head-dim 64]
@@ -22,7 +22,7 @@ import sys
 import torch
 from torch import nn
 
-from izh_trio.engine import cpu_linear, cpu_linear_bf16
+from izh_trio.engine import cpu_linear, cpu_linear_blocked
 from tools.micro.timing import MS, best_of
 
 
@@ -43,11 +43,11 @@ def main() -> None:
     plain = [nn.Linear(i, o, bias=False).to(dtype) for i, o in shapes]
     variants: dict[str, list[nn.Module]] = {"F.linear": list(plain)}
     with torch.no_grad():
-        packed = [cpu_linear._pack(m, keep_plain=False) for m in plain]
+        packed = [cpu_linear._pack(m) for m in plain]
         if all(m is not None for m in packed):
             variants["oneDNN"] = [m for m in packed if m is not None]
-        if dtype == torch.bfloat16 and cpu_linear_bf16.available():
-            ours = [cpu_linear_bf16.from_linear(m) for m in plain]
+        if cpu_linear_blocked.available(dtype):
+            ours = [cpu_linear_blocked.from_linear(m) for m in plain]
             if all(m is not None for m in ours):
                 variants["ours"] = [m for m in ours if m is not None]
     if len(variants) == 1:

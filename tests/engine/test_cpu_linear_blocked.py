@@ -1,0 +1,111 @@
+"""The blocked linear kernel against the exact product of the same values: in fp32 within
+fp32 summation's bound, in bf16 one rounding from the fp32 sums, at any row count, thread
+count and shape (odd K, N off the block), with and without a bias; and how ``pack_linears``
+chooses it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from izh_trio.engine import cpu_linear, cpu_linear_blocked
+from izh_trio.engine.cpu_linear import PackedLinear, pack_linears
+from izh_trio.engine.cpu_linear_blocked import BlockedLinear
+
+needs_fp32 = pytest.mark.skipif(not cpu_linear_blocked.available(torch.float32),
+                                reason="no AVX-512 here (or no compiler): oneDNN's serves")
+needs_bf16 = pytest.mark.skipif(not cpu_linear_blocked.available(torch.bfloat16),
+                                reason="no AVX512-BF16 here (or no compiler): oneDNN's serves")
+DTYPES = [pytest.param(torch.float32, marks=needs_fp32),
+          pytest.param(torch.bfloat16, marks=needs_bf16)]
+
+
+def _exact(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """The product of the bf16 values in float64, before any rounding."""
+    return F.linear(x.double(), w.double(), None if b is None else b.double())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("n", "k"), [(96, 256), (40, 97), (33, 1024), (1, 2), (200, 3)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_within_the_rounding_of_the_exact_product(dtype: torch.dtype, threads: int, n: int,
+                                                   k: int, bias: bool) -> None:
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        torch.manual_seed(n * k)
+        w = torch.randn(n, k).to(dtype)
+        b = torch.randn(n).to(dtype) if bias else None
+        layer = BlockedLinear(cpu_linear_blocked.pack(w), b, k, n)
+        for rows in (1, 3, 8, 9, 16, 31, 257):
+            x = torch.randn(rows, k).to(dtype)
+            got = layer(x)
+            assert got.dtype == dtype and got.shape == (rows, n)
+            exact = _exact(x, w, b)
+            magnitude = x.double().abs() @ w.double().abs().T + (
+                0 if b is None else b.double().abs())
+            # fp32 sums of k + 1 terms, one rounding each (2^-24 of the running sum at
+            # most); bf16 then rounds once more (2^-8 of the value)
+            bound = (k + 1) * 2.0 ** -24 * magnitude * 1.01
+            if dtype == torch.bfloat16:
+                bound = bound + exact.abs() * 2.0 ** -8
+            err = (got.double() - exact).abs()
+            assert bool((err <= bound + 1e-30).all()), float((err - bound).max())
+            want = F.linear(x, w, b)  # oneDNN's: the same arithmetic, the sums reordered
+            tol = 1e-4 if dtype == torch.float32 else 2e-2
+            assert torch.allclose(got.float(), want.float(), rtol=tol,
+                                  atol=tol * float(want.float().abs().max()))
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_leading_dims_and_empty_batches(dtype: torch.dtype) -> None:
+    w = torch.randn(24, 64).to(dtype)
+    layer = BlockedLinear(cpu_linear_blocked.pack(w), None, 64, 24)
+    x = torch.randn(2, 5, 64).to(dtype)
+    assert torch.equal(layer(x), layer(x.reshape(10, 64)).reshape(2, 5, 24))
+    assert layer(torch.empty(0, 64, dtype=dtype)).shape == (0, 24)
+    strided = torch.randn(64, 6).to(dtype).T  # not contiguous: made so, not misread
+    assert torch.equal(layer(strided), layer(strided.contiguous()))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_pack_linears_puts_a_large_model_on_the_kernel_alone(
+        dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cpu_linear, "TWO_COPY_LIMIT", 0)
+    model = nn.Sequential(nn.Linear(64, 32), nn.Linear(32, 16)).to(dtype)
+    assert pack_linears(model) == 2
+    assert all(isinstance(m, BlockedLinear) for m in model)
+
+
+@needs_bf16
+def test_switch_off_or_a_wrong_probe_leaves_onednn(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cpu_linear, "TWO_COPY_LIMIT", 0)
+    real = cpu_linear_blocked.pack
+    monkeypatch.setattr(cpu_linear_blocked, "pack", lambda w: real(w * 1.5))
+    model = nn.Sequential(nn.Linear(64, 32).bfloat16(), nn.Linear(32, 16).bfloat16())
+    assert pack_linears(model) == 2
+    assert all(isinstance(m, PackedLinear) for m in model)  # refused once, then not tried
+    monkeypatch.setattr(cpu_linear_blocked, "pack", real)
+    monkeypatch.setattr(cpu_linear_blocked._KERNEL, "switch", "IZH_TEST_BLOCKED_SWITCH")
+    monkeypatch.setattr(cpu_linear_blocked._KERNEL, "_lib", None)
+    monkeypatch.setenv("IZH_TEST_BLOCKED_SWITCH", "0")
+    assert not cpu_linear_blocked.available(torch.float32)
+    model = nn.Sequential(nn.Linear(64, 32))
+    assert pack_linears(model) == 1 and isinstance(model[0], PackedLinear)
+
+
+@needs_fp32
+def test_the_kernel_follows_torchs_thread_count() -> None:
+    """It shares torch's OpenMP runtime: the count the engine's thread plan sets is its own."""
+    before = torch.get_num_threads()
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            assert cpu_linear_blocked._KERNEL.lib.max_threads() == n
+    finally:
+        torch.set_num_threads(before)
