@@ -22,7 +22,8 @@
 enum { NB = 32,    /* outputs per block, two vectors of fp32 lanes (cpu_linear_blocked.BLOCK) */
        TM = 8,     /* x rows per pass: TM * 2 accumulators */
        CHUNK_BYTES = 16384, /* of a block per chunk when rows take several passes */
-       PF_BYTES = 4096 };  /* how far ahead a lone pass prefetches its stream */
+       PF_BYTES = 4096,    /* how far ahead a lone pass prefetches its stream */
+       PF_ROWS = 4 };      /* from how many rows it does */
 
 INLINE uint16_t narrow_bf16(float f) {  /* round to nearest, ties to even, as torch does */
     uint32_t u;
@@ -116,7 +117,7 @@ INLINE void pass(const void *xt, const void *block, int64_t k0, int64_t k1, int 
     const char *w = (const char *)block;
     const int64_t size = bf16 ? 2 : 4;
     const int64_t span = ahead == 1 ? (k1 - k0) * NB * size : PF_BYTES;
-    if (ahead) {
+    if (ahead == 1 || (ahead == 2 && MB >= PF_ROWS)) {
         for (int64_t k = k0; k < k1; k += g) {
             _mm_prefetch(w + k * NB * size + span, _MM_HINT_T0);
             _mm_prefetch(w + k * NB * size + span + 64, _MM_HINT_T0);
