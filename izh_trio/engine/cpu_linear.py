@@ -86,6 +86,23 @@ def _pack(linear: nn.Linear) -> PackedLinear | None:
     return layer
 
 
+def _layer_for(linear: nn.Linear, blocked: nn.Module | None, two_copies: bool
+               ) -> nn.Module | None:
+    """What replaces ``linear``: its blocked copy alone in a large model; else oneDNN's
+    packed copy, with the blocked one (or, without it, the plain weight for one row) for a
+    decode step's few rows; None where neither can serve."""
+    if blocked is not None and not two_copies:
+        return blocked
+    packed = _pack(linear)
+    if packed is None:
+        return blocked
+    if blocked is not None:
+        packed.few, packed.few_rows = blocked.forward, cpu_linear_blocked.ROWS_PER_PASS
+    elif two_copies:  # the original layer is the plain weight's F.linear (MKL's GEMV)
+        packed.few, packed.few_rows = linear.forward, 1
+    return packed
+
+
 def pack_linears(model: nn.Module) -> int:
     """Swap every ``nn.Linear`` of a CPU model for a packed one; returns how many were swapped."""
     if os.environ.get("IZH_ONEDNN_LINEAR", "1") == "0" or not torch.backends.mkldnn.is_available():
@@ -106,18 +123,9 @@ def pack_linears(model: nn.Module) -> int:
                     log.warning("the blocked linear kernel disagrees with torch's on a probe "
                                 "in %s; using oneDNN's", linear.weight.dtype)
                     own.discard(linear.weight.dtype)
-            layer: nn.Module | None = blocked
-            if blocked is None or two_copies:
-                packed = _pack(linear)
-                if packed is None and blocked is None:
-                    return swapped  # the same build fails the same way for the rest
-                if packed is not None and blocked is not None:
-                    packed.few = blocked.forward
-                    packed.few_rows = cpu_linear_blocked.ROWS_PER_PASS
-                elif packed is not None and two_copies:
-                    # the original layer is the plain weight's F.linear
-                    packed.few, packed.few_rows = linear.forward, 1
-                layer = packed if packed is not None else blocked
+            layer = _layer_for(linear, blocked, two_copies)
+            if layer is None:
+                return swapped  # the same build fails the same way for the rest
             parent_name, _, attr = name.rpartition(".")
             setattr(model.get_submodule(parent_name) if parent_name else model, attr, layer)
             swapped += 1

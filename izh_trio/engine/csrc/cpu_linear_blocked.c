@@ -104,11 +104,17 @@ INLINE void step(__m512 acc[][2], const void *xt, const void *block, int64_t k, 
     }
 }
 
+/* What a pass prefetches of W while it goes. */
+typedef enum {
+    AHEAD_NONE,   /* nothing: a later pass over a chunk already fetched */
+    AHEAD_CHUNK,  /* the chunk after this one: the first of several passes over a block */
+    AHEAD_STREAM  /* PF_BYTES ahead from PF_ROWS rows: a lone pass, which streams W */
+} Ahead;
+
 /* acc[m] += a group's rows [0, MB) (MB a constant once inlined) against a block's columns
-   [k0, k1); acc starts from zero when fresh, else from part (fp32, [MB][NB]). The same
-   span of W after this one is prefetched when ahead is set. */
+   [k0, k1); acc starts from zero when fresh, else from part (fp32, [MB][NB]). */
 INLINE void pass(const void *xt, const void *block, int64_t k0, int64_t k1, int MB,
-                 int fresh, int ahead, float *part, int bf16) {
+                 int fresh, Ahead ahead, float *part, int bf16) {
     __m512 acc[TM][2];
     for (int m = 0; m < MB; m++)
         for (int v = 0; v < 2; v++)
@@ -116,8 +122,9 @@ INLINE void pass(const void *xt, const void *block, int64_t k0, int64_t k1, int 
     const int g = bf16 ? 2 : 1;  /* columns a step takes */
     const char *w = (const char *)block;
     const int64_t size = bf16 ? 2 : 4;
-    const int64_t span = ahead == 1 ? (k1 - k0) * NB * size : PF_BYTES;
-    if (ahead == 1 || (ahead == 2 && MB >= PF_ROWS)) {
+    const int64_t span = ahead == AHEAD_CHUNK ? (k1 - k0) * NB * size : PF_BYTES;
+    /* a lone row streams faster on the hardware's prefetcher alone */
+    if (ahead == AHEAD_CHUNK || (ahead == AHEAD_STREAM && MB >= PF_ROWS)) {
         for (int64_t k = k0; k < k1; k += g) {
             _mm_prefetch(w + k * NB * size + span, _MM_HINT_T0);
             _mm_prefetch(w + k * NB * size + span + 64, _MM_HINT_T0);
@@ -131,7 +138,7 @@ INLINE void pass(const void *xt, const void *block, int64_t k0, int64_t k1, int 
 }
 
 INLINE void pass_rows(const void *xt, const void *block, int64_t k0, int64_t k1, int mb,
-                      int fresh, int ahead, float *part, int bf16) {
+                      int fresh, Ahead ahead, float *part, int bf16) {
     switch (mb) {
     case 1: pass(xt, block, k0, k1, 1, fresh, ahead, part, bf16); return;
     case 2: pass(xt, block, k0, k1, 2, fresh, ahead, part, bf16); return;
@@ -157,10 +164,9 @@ INLINE void blocks(const void *xt, const void *w, const void *bias, void *y, int
             int64_t k1 = k0 + chunk < kp ? k0 + chunk : kp;
             for (int64_t m = 0; m < m_len; m += TM) {
                 int mb = m_len - m < TM ? (int)(m_len - m) : TM;
-                /* the first of several passes fetches the next chunk meanwhile (one
-                   pass streams, and the hardware's prefetcher keeps up with it) */
+                Ahead ahead = m_len <= TM ? AHEAD_STREAM : m == 0 ? AHEAD_CHUNK : AHEAD_NONE;
                 pass_rows((const char *)xt + m * kp * size, block, k0, k1, mb, k0 == 0,
-                          m_len > TM ? m == 0 : 2, part + m * NB, bf16);
+                          ahead, part + m * NB, bf16);
             }
         }
         for (int64_t m = 0; m < m_len; m++)
@@ -206,7 +212,7 @@ INLINE int linear(const void *x, const void *w, const void *bias, void *y, int64
     return 0;
 }
 
-/* 1: fp32 here; 2: bf16 too. */
+/* The dtypes served on this CPU, as bits: 1 fp32, 2 bf16 (cpu_linear_blocked._DTYPE_BITS). */
 int supported(void) { return HAVE_BF16 ? 3 : 1; }
 
 /* y = x @ W^T (+ bias): x [m_len, k_len], W packed by cpu_linear_blocked.pack from
