@@ -310,7 +310,9 @@ def test_system_fingerprint_is_one_value_in_every_response_and_chunk(server: str
         body = {**base(route), **SAME, "n": 2}
         seen.add(post(server, route, body).json()["system_fingerprint"])
         chunks = events(server, route, {**body, "stream_options": {"include_usage": True}})
-        assert len(chunks) > 3 and chunks[-1]["choices"] == []  # the usage chunk has it too
+        # Deltas may coalesce when the client reads slowly: count content chunks, not tokens.
+        assert any(c["choices"] for c in chunks[:-1])
+        assert chunks[-1]["choices"] == []  # the usage chunk has it too
         seen.update(c["system_fingerprint"] for c in chunks)
     assert len(seen) == 1 and FP.fullmatch(seen.pop())
 
