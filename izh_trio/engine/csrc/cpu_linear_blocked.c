@@ -10,7 +10,7 @@
 
    Why not oneDNN: at the few rows of a decode step a linear is a read of its weight, and
    oneDNN reads its packed weights well under the machine's rate there. Here each thread
-   reads its share of W's blocks as one sequential stream, and up to TM rows of x are
+   reads the blocks of W it takes as sequential streams, and up to TM rows of x are
    multiplied against it in one pass (no horizontal sums). More rows than TM take several
    passes over a block, a chunk of CHUNK_BYTES at a time so that the chunk is still in L1
    for the next pass. */
@@ -24,20 +24,6 @@ enum { NB = 32,    /* outputs per block, two vectors of fp32 lanes (cpu_linear_b
        CHUNK_BYTES = 16384, /* of a block per chunk when rows take several passes */
        PF_BYTES = 4096,    /* how far ahead a lone pass prefetches its stream */
        PF_ROWS = 4 };      /* from how many rows it does */
-
-INLINE uint16_t narrow_bf16(float f) {  /* round to nearest, ties to even, as torch does */
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;  /* NaN: torch's one */
-    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-
-INLINE float widen_bf16(uint16_t x) {
-    uint32_t u = (uint32_t)x << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 
 /* The threads a parallel region here would get: torch's count when this library shares
    torch's OpenMP runtime (cpu_linear_blocked.py checks it before trusting the kernel). */
@@ -53,25 +39,32 @@ int max_threads(void) { return omp_get_max_threads(); }
 #define HAVE_BF16 0
 #endif
 
-/* x's rows, TM at a time, laid out so that a step's TM broadcasts read one cache line:
-   [M / TM][KP / G][TM][G] where G is a step's columns (1 in fp32; in bf16 a pair, K padded
-   even: KP) and rows past M are zeros. */
+/* Words [w0, w1) of x's rows, TM rows a group, laid out so that a step's TM broadcasts read
+   one cache line: [M / TM][KP / G][TM][G] where G is a step's columns (1 in fp32; in bf16 a
+   pair, K padded even: KP) and rows past M are zeros. A word is 4 bytes: one fp32 column or
+   a bf16 pair (an odd K's last pair is its last column and a zero). */
 INLINE void pack_rows(const void *x, void *xt, int64_t m_len, int64_t k_len, int64_t kp,
-                      int bf16) {
-    int64_t groups = (m_len + TM - 1) / TM;
-    for (int64_t grp = 0; grp < groups; grp++)
-        for (int r = 0; r < TM; r++) {
-            int64_t row = grp * TM + r;
-            for (int64_t k = 0; k < kp; k++) {
-                int in = row < m_len && k < k_len;
-                if (bf16)
-                    ((uint16_t *)xt)[grp * kp * TM + (k & ~1) * TM + r * 2 + (k & 1)] =
-                        in ? ((const uint16_t *)x)[row * k_len + k] : 0;
-                else
-                    ((float *)xt)[grp * kp * TM + k * TM + r] =
-                        in ? ((const float *)x)[row * k_len + k] : 0.0f;
-            }
+                      int64_t w0, int64_t w1, int bf16) {
+    const int64_t words = bf16 ? kp / 2 : kp, whole = bf16 ? k_len / 2 : k_len;
+    const int64_t end = w1 < whole ? w1 : whole;
+    for (int64_t row = 0; row < (m_len + TM - 1) / TM * TM; row++) {
+        uint32_t *dst = (uint32_t *)xt + row / TM * words * TM + row % TM;
+        if (row >= m_len) {
+            for (int64_t k = w0; k < w1; k++) dst[k * TM] = 0;
+            continue;
         }
+        const char *src = (const char *)x + row * k_len * (bf16 ? 2 : 4);
+        for (int64_t k = w0; k < end; k++) {
+            uint32_t v;
+            memcpy(&v, src + 4 * k, 4);
+            dst[k * TM] = v;
+        }
+        if (whole < w1) {  /* bf16, K odd: little-endian, the last column is the pair's first */
+            uint16_t last;
+            memcpy(&last, src + 4 * whole, 2);
+            dst[whole * TM] = last;
+        }
+    }
 }
 
 /* One step of a block against a group's rows [0, MB): column k (fp32), or columns k, k + 1
@@ -111,10 +104,48 @@ typedef enum {
     AHEAD_STREAM  /* PF_BYTES ahead from PF_ROWS rows: a lone pass, which streams W */
 } Ahead;
 
+/* Where a pass's sums go once its block is done: y's rows (ld values apart) from this block's
+   first column, `valid` of the NB columns there (N need not fill the last block), plus the
+   bias at the same columns (or none); rounded once to bf16 in that dtype. */
+typedef struct {
+    void *y;
+    const void *bias;
+    int64_t ld;
+    int valid;
+} Out;
+
+/* y's 16 columns [16 v, 16 v + 16) of a row: sum + bias, in bf16 rounded to nearest, ties to
+   even, NaN as torch's one (0x7FC0), as torch rounds. */
+INLINE void put(__m512 sum, Out o, int64_t row, int v, int bf16) {
+    const int lanes = o.valid - 16 * v < 0 ? 0 : o.valid - 16 * v > 16 ? 16 : o.valid - 16 * v;
+    const __mmask16 mask = (__mmask16)((1u << lanes) - 1u);
+    if (!lanes) return;
+    const int64_t at = row * o.ld + 16 * v;
+    if (bf16) {
+        if (o.bias) {
+            __m512i b = _mm512_cvtepu16_epi32(
+                _mm256_maskz_loadu_epi16(mask, (const uint16_t *)o.bias + 16 * v));
+            sum = _mm512_add_ps(sum, _mm512_castsi512_ps(_mm512_slli_epi32(b, 16)));
+        }
+        __m512i u = _mm512_castps_si512(sum);
+        __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+        __m512i r = _mm512_srli_epi32(
+            _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+        __mmask16 nan = _mm512_cmpgt_epu32_mask(
+            _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)), _mm512_set1_epi32(0x7F800000));
+        r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC0));
+        _mm256_mask_storeu_epi16((uint16_t *)o.y + at, mask, _mm512_cvtepi32_epi16(r));
+        return;
+    }
+    if (o.bias) sum = _mm512_add_ps(sum, _mm512_maskz_loadu_ps(mask, (const float *)o.bias + 16 * v));
+    _mm512_mask_storeu_ps((float *)o.y + at, mask, sum);
+}
+
 /* acc[m] += a group's rows [0, MB) (MB a constant once inlined) against a block's columns
-   [k0, k1); acc starts from zero when fresh, else from part (fp32, [MB][NB]). */
+   [k0, k1); acc starts from zero when fresh, else from part (fp32, [MB][NB]), and goes back
+   there, or to y when this pass ends the block (`last`). */
 INLINE void pass(const void *xt, const void *block, int64_t k0, int64_t k1, int MB,
-                 int fresh, Ahead ahead, float *part, int bf16) {
+                 int fresh, int last, Ahead ahead, float *part, Out o, int bf16) {
     __m512 acc[TM][2];
     for (int m = 0; m < MB; m++)
         for (int v = 0; v < 2; v++)
@@ -134,20 +165,25 @@ INLINE void pass(const void *xt, const void *block, int64_t k0, int64_t k1, int 
         for (int64_t k = k0; k < k1; k += g) step(acc, xt, block, k, MB, bf16);
     }
     for (int m = 0; m < MB; m++)
-        for (int v = 0; v < 2; v++) _mm512_storeu_ps(part + m * NB + v * 16, acc[m][v]);
+        for (int v = 0; v < 2; v++) {
+            if (last) put(acc[m][v], o, m, v, bf16);
+            else _mm512_storeu_ps(part + m * NB + v * 16, acc[m][v]);
+        }
 }
 
 INLINE void pass_rows(const void *xt, const void *block, int64_t k0, int64_t k1, int mb,
-                      int fresh, Ahead ahead, float *part, int bf16) {
+                      int fresh, int last, Ahead ahead, float *part, Out o, int bf16) {
     switch (mb) {
-    case 1: pass(xt, block, k0, k1, 1, fresh, ahead, part, bf16); return;
-    case 2: pass(xt, block, k0, k1, 2, fresh, ahead, part, bf16); return;
-    case 3: pass(xt, block, k0, k1, 3, fresh, ahead, part, bf16); return;
-    case 4: pass(xt, block, k0, k1, 4, fresh, ahead, part, bf16); return;
-    case 5: pass(xt, block, k0, k1, 5, fresh, ahead, part, bf16); return;
-    case 6: pass(xt, block, k0, k1, 6, fresh, ahead, part, bf16); return;
-    case 7: pass(xt, block, k0, k1, 7, fresh, ahead, part, bf16); return;
-    default: pass(xt, block, k0, k1, TM, fresh, ahead, part, bf16); return;
+#define ROWS(n) pass(xt, block, k0, k1, n, fresh, last, ahead, part, o, bf16); return;
+    case 1: ROWS(1)
+    case 2: ROWS(2)
+    case 3: ROWS(3)
+    case 4: ROWS(4)
+    case 5: ROWS(5)
+    case 6: ROWS(6)
+    case 7: ROWS(7)
+    default: ROWS(TM)
+#undef ROWS
     }
 }
 
@@ -160,27 +196,19 @@ INLINE void blocks(const void *xt, const void *w, const void *bias, void *y, int
     const int64_t chunk = m_len <= TM ? kp : CHUNK_BYTES / (NB * size);
     for (int64_t b = b0; b < b1; b++) {
         const char *block = (const char *)w + b * NB * kp * size;
+        const int64_t col = b * NB;
         for (int64_t k0 = 0; k0 < kp; k0 += chunk) {
             int64_t k1 = k0 + chunk < kp ? k0 + chunk : kp;
             for (int64_t m = 0; m < m_len; m += TM) {
                 int mb = m_len - m < TM ? (int)(m_len - m) : TM;
                 Ahead ahead = m_len <= TM ? AHEAD_STREAM : m == 0 ? AHEAD_CHUNK : AHEAD_NONE;
+                Out o = {(char *)y + (m * n_len + col) * size,
+                         bias ? (const char *)bias + col * size : NULL, n_len,
+                         n_len - col < NB ? (int)(n_len - col) : NB};
                 pass_rows((const char *)xt + m * kp * size, block, k0, k1, mb, k0 == 0,
-                          ahead, part + m * NB, bf16);
+                          k1 == kp, ahead, part + m * NB, o, bf16);
             }
         }
-        for (int64_t m = 0; m < m_len; m++)
-            for (int64_t j = 0; j < NB && b * NB + j < n_len; j++) {
-                int64_t n = b * NB + j;
-                if (bf16) {
-                    float s = part[m * NB + j] +
-                              (bias ? widen_bf16(((const uint16_t *)bias)[n]) : 0.0f);
-                    ((uint16_t *)y)[m * n_len + n] = narrow_bf16(s);
-                } else {
-                    ((float *)y)[m * n_len + n] =
-                        part[m * NB + j] + (bias ? ((const float *)bias)[n] : 0.0f);
-                }
-            }
     }
 }
 
@@ -193,20 +221,32 @@ INLINE int linear(const void *x, const void *w, const void *bias, void *y, int64
     void *xt = NULL;
     if (posix_memalign(&xt, 64, (size_t)((m_len + TM - 1) / TM * TM * kp * size)) != 0)
         return -1;
-    pack_rows(x, xt, m_len, k_len, kp, bf16);
     /* a small product is not worth waking the other threads for */
     int64_t threads = m_len * n_len * k_len >= (1 << 18) ? omp_get_max_threads() : 1;
     if (threads > slots) threads = slots;
     if (threads > total) threads = total;
+    /* Blocks are handed out a few at a time, not split in equal shares up front: a thread
+       the OS stops for a while (the HTTP process wants a core now and then) leaves its
+       remaining blocks to the others instead of holding up the whole region. */
+    const int64_t words = bf16 ? kp / 2 : kp;
+    const int64_t grain = total / (threads * 8) > 1 ? total / (threads * 8) : 1;
+    int64_t next = 0;
     #pragma omp parallel num_threads((int)threads)
     {
         int t = omp_get_thread_num(), nt = omp_get_num_threads();
-        int64_t b0 = total * t / nt, b1 = total * (t + 1) / nt;
+        /* every thread packs a share of the rows' columns, and multiplies all of them */
+        pack_rows(x, xt, m_len, k_len, kp, words * t / nt, words * (t + 1) / nt, bf16);
+        #pragma omp barrier
         float *own = part + (int64_t)t * m_len * NB;
-        /* each dtype's loop compiled on its own (the region is outlined: bf16 is a
-           variable there) */
-        if (bf16) blocks(xt, w, bias, y, m_len, n_len, kp, b0, b1, own, 1);
-        else blocks(xt, w, bias, y, m_len, n_len, kp, b0, b1, own, 0);
+        for (;;) {
+            int64_t b0 = __atomic_fetch_add(&next, grain, __ATOMIC_RELAXED);
+            if (b0 >= total) break;
+            int64_t b1 = b0 + grain < total ? b0 + grain : total;
+            /* each dtype's loop compiled on its own (the region is outlined: bf16 is a
+               variable there) */
+            if (bf16) blocks(xt, w, bias, y, m_len, n_len, kp, b0, b1, own, 1);
+            else blocks(xt, w, bias, y, m_len, n_len, kp, b0, b1, own, 0);
+        }
     }
     free(xt);
     return 0;
