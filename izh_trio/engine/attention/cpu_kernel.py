@@ -44,6 +44,11 @@ class CpuKernelMetadata(SdpaMetadata):
     def paged_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float
                         ) -> torch.Tensor:
+        if not self.prefills and self.start == 0 and self.rows is None \
+                and self.tables is not None and self.context_lens is not None:
+            # every row is the kernel's (a decode step): its output is the whole answer
+            return cpu_attention.paged_decode(q, k_cache, v_cache, self.tables,
+                                              self.context_lens, scale)
         out = super().paged_attention(q, k, v, k_cache, v_cache, scale)
         if self.tables is not None and self.context_lens is not None:
             rows = slice(self.start, None) if self.rows is None else self.rows

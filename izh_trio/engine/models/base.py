@@ -160,9 +160,10 @@ class DecoderStack(CausalLM):
                 meta: AttentionMetadata, kv_caches: list[KVCache]) -> torch.Tensor:
         h = self.embed_tokens(input_ids)
         rotation = self.rope.table(positions, h.dtype)
+        residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            h = layer(h, rotation, meta, kv_cache)
-        return h
+            h, residual = layer(h, rotation, meta, kv_cache, residual)
+        return h if residual is None else residual + h
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm and head for the rows that sample; fp32 for the sampler."""

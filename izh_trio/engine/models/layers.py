@@ -158,8 +158,16 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = mlp
 
-    def forward(self, h: torch.Tensor, rotation: Rotation, meta: AttentionMetadata,
-                kv_cache: KVCache) -> torch.Tensor:
-        attn = self.self_attn(self.input_layernorm(h), rotation, meta, kv_cache)
-        h, normed = self.post_attention_layernorm.add(attn, h)
-        return h + self.mlp(normed)
+    def forward(self, x: torch.Tensor, rotation: Rotation, meta: AttentionMetadata,
+                kv_cache: KVCache, residual: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer on hidden states ``residual + x`` (``x`` alone for the first), returned
+        the same way: its MLP's output and the residual stream, whose sum the next layer's
+        input norm takes in the same call as its add (one fused kernel on CPU)."""
+        if residual is None:
+            residual, normed = x, self.input_layernorm(x)
+        else:
+            residual, normed = self.input_layernorm.add(x, residual)
+        attn = self.self_attn(normed, rotation, meta, kv_cache)
+        residual, normed = self.post_attention_layernorm.add(attn, residual)
+        return self.mlp(normed), residual
