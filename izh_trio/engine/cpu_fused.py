@@ -1,4 +1,4 @@
-"""A decoder layer's elementwise ops in fp32 or bf16 on CPU, fused into three compiled C loops.
+"""A decoder layer's elementwise ops in fp32 or bf16 on CPU, fused into four compiled C loops.
 
 Between its GEMMs, a Qwen3 layer runs some sixty small torch ops: RMSNorm is six (square,
 mean, add, rsqrt, multiply, multiply), RoPE six more for q and again for k, two
@@ -10,7 +10,8 @@ each group below is one C call, one pass over its rows (measure with
 * ``qk_norm_rope_store``: q and k heads normed (per head, over ``head_dim``; Qwen3's, not
   Llama's) and rotated, k and v written into their paged-cache slots;
 * ``add_rms_norm``: the residual add and the norm after it;
-* ``rms_norm``: a norm alone (a layer's input norm, the final norm).
+* ``rms_norm``: a norm alone (a layer's input norm, the final norm);
+* ``silu_mul``: the MLP's SiLU of the gate times the up projection.
 
 The arithmetic is torch's, rounding for rounding (``-ffp-contract=off``: no FMA where torch
 rounds a product; the mean is the sum over ``n``, then ``1 / sqrt(mean + eps)``, ``x * r``,
@@ -38,7 +39,8 @@ _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = {"qk_norm_rope_store": (_I, [_P, _P, _P, _F, _P, _P, _P, _P, _P, _P, _P]
                                       + [_I] * 5),
                "add_rms_norm": (None, [_P, _P, _P, _F, _P, _P, _I, _I]),
-               "rms_norm": (None, [_P, _P, _F, _P, _I, _I])}
+               "rms_norm": (None, [_P, _P, _F, _P, _I, _I]),
+               "silu_mul": (None, [_P, _P, _I, _I])}
 #: ``csrc/cpu_fused.c``, built on the first ``available()``; every product rounded as torch
 #: rounds it (no FMA contraction). Each kernel has an fp32 and a ``_bf16`` entry.
 _KERNEL = cbuild.Kernel(
@@ -84,6 +86,17 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     kernel(x.data_ptr(), residual.data_ptr(), weight.data_ptr(), eps, h.data_ptr(),
            out.data_ptr(), x.numel() // n, n)
     return h, out
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` where ``gate_up`` [..., 2 I] is an MLP's gate and up products side
+    by side, as ``models.layers.MLP`` takes them (SiLU's e^x within an ulp or two of
+    torch's)."""
+    kernel = _kernel("silu_mul", gate_up)
+    i = gate_up.shape[-1] // 2
+    out = gate_up.new_empty(*gate_up.shape[:-1], i)
+    kernel(gate_up.data_ptr(), out.data_ptr(), gate_up.numel() // (2 * i), i)
+    return out
 
 
 def qk_norm_rope_store(

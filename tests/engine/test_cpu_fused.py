@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from izh_trio.engine import cpu_fused
 from izh_trio.engine.attention import TORCH_BACKEND, StepAttention
@@ -60,6 +61,17 @@ def test_rms_norm(tokens: int, dim: int, dtype: torch.dtype) -> None:
     norm = _norm(dim, g, dtype)
     x = (torch.randn(tokens, dim, generator=g) * 3).to(dtype)
     _close(cpu_fused.rms_norm(x, norm.weight, EPS), norm(x))
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 257])
+@pytest.mark.parametrize("inter", [3072, 100, 1])
+def test_silu_mul(tokens: int, inter: int, dtype: torch.dtype) -> None:
+    """SiLU's e^x is ours, not SLEEF's: fp32 within a few ulp; bf16 torch's own values."""
+    g = torch.Generator().manual_seed(tokens * inter)
+    gate_up = (torch.randn(tokens, 2 * inter, generator=g) * 4).to(dtype)
+    gate_up[0, : min(inter, 6)] = torch.tensor([0.0, -0.0, 100.0, -100.0, 1e-30, -87.9])[:inter]
+    gate, up = gate_up.chunk(2, dim=-1)
+    _close(cpu_fused.silu_mul(gate_up), F.silu(gate) * up)
 
 
 @pytest.mark.parametrize("tokens", [1, 3, 32, 257])

@@ -1,8 +1,9 @@
 /* A decoder layer's elementwise ops on CPU, rounded as torch rounds them: qk_norm_rope_store,
-   add_rms_norm, rms_norm for fp32 tensors, and the same with a _bf16 suffix for bf16 ones.
-   Built and called by cpu_fused.py (with -ffp-contract=off). The arithmetic is fp32 either
-   way; in bf16, every value torch would round to bf16 (an op's result in the model's dtype)
-   is rounded here at the same point (RB), so only the order of a sum of squares differs.
+   add_rms_norm, rms_norm, silu_mul for fp32 tensors, and the same with a _bf16 suffix for
+   bf16 ones. Built and called by cpu_fused.py (with -ffp-contract=off). The arithmetic is
+   fp32 either way; in bf16, every value torch would round to bf16 (an op's result in the
+   model's dtype) is rounded here at the same point (RB), so only the order of a sum of
+   squares differs, and SiLU's e^x by an ulp or two.
    The kernels are written once, at the end of this file, which includes itself once per
    element type (T). */
 #ifndef T
@@ -23,6 +24,26 @@ INLINE uint16_t narrow_bf16(float f) {  /* round to nearest, ties to even, as to
     memcpy(&u, &f, 4);
     if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;  /* NaN: torch's one */
     return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* e^x for SiLU, within a couple of ulp of torch's (SLEEF's) e^x: Cephes' polynomial on
+   x - n ln 2, scaled by 2^n built in the exponent bits; branch-free, so that loops of it
+   vectorise. x is clamped to where 2^n stays a normal float (e^x of -inf is then 2^-126). */
+INLINE float exp_f32(float x) {
+    x = x < -87.3f ? -87.3f : x > 88.3f ? 88.3f : x;
+    /* n = round(x / ln 2): adding 1.5 * 2^23 leaves no bits below the unit (floorf would
+       be a call, which no loop vectorises) */
+    const float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
+    const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;  /* ln 2 in two parts */
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    const float e = p * (r * r) + r + 1.0f;
+    const union { uint32_t u; float f; } scale = {(uint32_t)((int32_t)n + 127) << 23};
+    return e * scale.f;
 }
 
 enum { R = 4 };  /* rows normed together (norm_rows) */
@@ -57,6 +78,7 @@ enum { R = 4 };  /* rows normed together (norm_rows) */
 #define qk_norm_rope_store NAME(qk_norm_rope_store)
 #define add_rms_norm NAME(add_rms_norm)
 #define rms_norm NAME(rms_norm)
+#define silu_mul NAME(silu_mul)
 
 INLINE float sum_sq(const T *restrict x, int64_t n) {
     float ss = 0.0f;
@@ -164,6 +186,21 @@ void add_rms_norm(const T *x, const T *residual, const T *w, float eps, T *sum, 
     }
 }
 
+/* out = silu(gate) * up, gate and up the halves of each row of gu [Tn, 2 I] (an MLP's
+   gate_up product), out [Tn, I]: SiLU is x / (1 + e^-x) in fp32, rounded to T, then the
+   product rounded, as torch's silu and mul round. */
+void silu_mul(const T *gu, T *out, int64_t Tn, int64_t I) {
+    for (int64_t t = 0; t < Tn; t++) {
+        const T *restrict g = gu + t * 2 * I, *restrict u = g + I;
+        T *restrict y = out + t * I;
+        #pragma omp simd
+        for (int64_t i = 0; i < I; i++) {
+            const float x = LD(g[i]);
+            y[i] = ST(RB(x / (1.0f + exp_f32(-x))) * LD(u[i]));
+        }
+    }
+}
+
 void rms_norm(const T *x, const T *w, float eps, T *out, int64_t Tn, int64_t N) {
     for (int64_t t = 0; t < Tn; t += R) norm_rows(x + t * N, w, eps, Tn - t < R ? Tn - t : R,
                                                  N, out + t * N);
@@ -178,4 +215,5 @@ void rms_norm(const T *x, const T *w, float eps, T *out, int64_t Tn, int64_t N) 
 #undef qk_norm_rope_store
 #undef add_rms_norm
 #undef rms_norm
+#undef silu_mul
 #endif  /* T */

@@ -125,8 +125,9 @@ class CausalLM(nn.Module):
 
 class DecoderStack(CausalLM):
     """Embedding -> N decoder layers (one rotary table for all) -> RMSNorm -> LM head, tied or
-    not: every family here. A family gives its layer (``layer``), whose ``forward(h, rotation,
-    meta, kv_cache)`` returns the next hidden states."""
+    not: every family here. A family gives its layer (``layer``), whose ``forward(x, rotation,
+    meta, kv_cache, residual)`` takes and returns the hidden states as two tensors whose sum
+    they are (``layers.DecoderLayer``)."""
 
     #: q, k and v are one linear, and so are an MLP's gate and up.
     packed_modules: ClassVar[Mapping[str, tuple[str, ...]]] = {

@@ -23,6 +23,7 @@ from izh_trio.engine.loader import ModelConfig
 from izh_trio.engine.models.base import DecoderStack
 from izh_trio.engine.models.layers import (
     MLP,
+    CpuMLP,
     CpuRMSNorm,
     DecoderLayer,
     KVCache,
@@ -78,7 +79,7 @@ class CpuAttention(Attention):
 
 
 class LlamaForCausalLM(DecoderStack):
-    cpu_twins = {RMSNorm: CpuRMSNorm, Attention: CpuAttention}
+    cpu_twins = {RMSNorm: CpuRMSNorm, Attention: CpuAttention, MLP: CpuMLP}
 
     def layer(self, cfg: ModelConfig, index: int) -> nn.Module:
         return DecoderLayer(cfg, Attention(cfg), MLP(cfg))

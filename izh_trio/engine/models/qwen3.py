@@ -22,7 +22,15 @@ from izh_trio.engine.attention import AttentionMetadata
 from izh_trio.engine.loader import ModelConfig
 from izh_trio.engine.models import llama
 from izh_trio.engine.models.base import DecoderStack
-from izh_trio.engine.models.layers import MLP, CpuRMSNorm, DecoderLayer, KVCache, RMSNorm, Rotation
+from izh_trio.engine.models.layers import (
+    MLP,
+    CpuMLP,
+    CpuRMSNorm,
+    DecoderLayer,
+    KVCache,
+    RMSNorm,
+    Rotation,
+)
 
 
 class Attention(llama.Attention):
@@ -48,7 +56,7 @@ class CpuAttention(Attention):
 
 
 class Qwen3ForCausalLM(DecoderStack):
-    cpu_twins = {RMSNorm: CpuRMSNorm, Attention: CpuAttention}
+    cpu_twins = {RMSNorm: CpuRMSNorm, Attention: CpuAttention, MLP: CpuMLP}
 
     def layer(self, cfg: ModelConfig, index: int) -> nn.Module:
         return DecoderLayer(cfg, Attention(cfg), MLP(cfg))

@@ -21,7 +21,7 @@ from torch import nn
 
 from izh_trio.engine.loader import ModelConfig, MoeConfig
 from izh_trio.engine.models.base import DecoderStack
-from izh_trio.engine.models.layers import MLP, CpuRMSNorm, DecoderLayer, RMSNorm
+from izh_trio.engine.models.layers import MLP, CpuMLP, CpuRMSNorm, DecoderLayer, RMSNorm
 from izh_trio.engine.models.qwen3 import Attention, CpuAttention
 
 _EXPERT = re.compile(r"^(layers\.\d+\.mlp)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
@@ -58,7 +58,7 @@ class SparseMoe(nn.Module):
 
 
 class Qwen3MoeForCausalLM(DecoderStack):
-    cpu_twins = {RMSNorm: CpuRMSNorm, Attention: CpuAttention}
+    cpu_twins = {RMSNorm: CpuRMSNorm, Attention: CpuAttention, MLP: CpuMLP}
 
     def layer(self, cfg: ModelConfig, index: int) -> nn.Module:
         moe = cfg.moe
