@@ -1,8 +1,8 @@
 """Torch threads per engine step on CPU.
 
-A step that is mostly new prompts (a burst of arrivals, when there is little to stream) takes
-every core and prefills sooner (``tools/bench/results/cpu-kernels.md``). A decode step of a
-large model takes every core while the rest of the machine is nearly idle
+A step with enough new prompt work (a burst of arrivals for a small model, a prompt or two
+for a large one) takes every core and prefills sooner (``tools/bench/results/cpu-kernels.md``).
+A decode step of a large model takes every core while the rest of the machine is nearly idle
 (``cpu_load.OtherLoad``: a few streams, whose frontend has a token per sequence to send now
 and then), and leaves one core free while it is not (many streams, whose frontend streams as
 fast as the engine makes tokens); a small model's decode steps always leave it one. Whether
@@ -33,6 +33,21 @@ log = logging.getLogger(__name__)
 #: line (three runnable threads share two cores fairly), so a busy frontend is always seen.
 SPREAD_BELOW = 0.25
 GATHER_ABOVE = 0.5
+
+
+#: A step takes every core from this much prompt work, in prompt tokens times weight bytes:
+#: 256 tokens of a 16 MB model (the tiny benchmark model's 256-token line, where a step's
+#: fixed costs still matter), 4 tokens of a 1 GB one, whose prompt tokens cost a few tens of
+#: milliseconds each: on one thread, a 0.6B model's mixed step of 7 prompts took 1.2 s
+#: against 0.7 s on two.
+PREFILL_SPREAD_WORK = 256 * (16 << 20)
+#: The most prompt tokens a step may have and still run as a decode step.
+PREFILL_TOKENS_MAX = 256
+
+
+def prefill_tokens(weight_bytes: int) -> int:
+    """From how many prompt tokens a step of a model of ``weight_bytes`` takes every core."""
+    return max(1, min(PREFILL_TOKENS_MAX, -(-PREFILL_SPREAD_WORK // max(1, weight_bytes))))
 
 
 def _bucket(batch: list[ScheduledSeq]) -> int:
@@ -76,7 +91,7 @@ class StepTimes:
 class ThreadPlan:
     decode: int  #: a decode step's threads while the machine is busy
     prefill: int  #: every core: prompt bursts, and decode steps on an idle machine
-    prefill_tokens: int = 256  #: from this many prompt tokens in a step, use ``prefill``
+    prefill_tokens: int = PREFILL_TOKENS_MAX  #: from these many prompt tokens, ``prefill``
     load: OtherLoad | None = None  #: None: decode steps always take ``decode``
     spread: bool = attrs.field(default=False, init=False)  #: every core allowed now
     times: StepTimes = attrs.field(factory=StepTimes)
@@ -89,7 +104,8 @@ class ThreadPlan:
             return cls(torch.get_num_threads(), torch.get_num_threads())
         cores = os.cpu_count() or 2
         spreads = cores > 1 and weight_bytes >= SPREAD_MIN_WEIGHT_BYTES
-        return cls(max(1, cores - 1), cores, load=OtherLoad() if spreads else None)
+        return cls(max(1, cores - 1), cores, prefill_tokens(weight_bytes),
+                   load=OtherLoad() if spreads else None)
 
     def for_batch(self, batch: list[ScheduledSeq]) -> int:
         prompt = sum(item.num_new_tokens for item in batch if item.num_new_tokens > 1)

@@ -17,10 +17,12 @@ from izh_trio.engine.scheduler import ScheduledSeq
 from izh_trio.engine.sequence import Sequence
 from izh_trio.engine.thread_plan import (
     GATHER_ABOVE,
+    PREFILL_TOKENS_MAX,
     SPREAD_BELOW,
     SPREAD_MIN_WEIGHT_BYTES,
     StepTimes,
     ThreadPlan,
+    prefill_tokens,
 )
 from izh_trio.wire import AddRequest, EngineConfig, SamplingParams
 
@@ -202,3 +204,15 @@ def test_checkpoint_bytes_decide_before_torch_loads(tmp_path: Path, hf_dir: Path
     (tmp_path / "config.json").write_text("{}")
     assert checkpoint_bytes(str(tmp_path)) == SPREAD_MIN_WEIGHT_BYTES
     assert checkpoint_bytes(str(tmp_path / "missing")) == 0
+
+
+def test_a_large_model_takes_every_core_for_a_few_prompt_tokens() -> None:
+    """A prompt token of a large model is tens of milliseconds of arithmetic: a step with a
+    few takes every core, however busy the machine; a small model's needs a burst."""
+    assert prefill_tokens(10 << 20) == PREFILL_TOKENS_MAX  # the tiny benchmark model
+    assert prefill_tokens(1200 << 20) <= 4 and prefill_tokens(1 << 40) == 1
+    plan = ThreadPlan(1, 2, prefill_tokens(1200 << 20))
+    prompt = ScheduledSeq(Sequence("p", list(range(32)), SamplingParams(), frozenset()), 32)
+    decode = ScheduledSeq(Sequence("d", [1, 2], SamplingParams(), frozenset()), 1)
+    assert plan.for_batch([decode, prompt]) == 2 and plan.for_batch([decode]) == 1
+    assert ThreadPlan(1, 2, prefill_tokens(10 << 20)).for_batch([decode, prompt]) == 1
