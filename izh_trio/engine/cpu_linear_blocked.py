@@ -88,20 +88,25 @@ class BlockedLinear(nn.Module):
         self.in_features, self.out_features = in_features, out_features
         lib = _KERNEL.lib
         self._run = lib.linear_bf16 if packed.dtype == torch.bfloat16 else lib.linear_f32
+        self._weight = packed.data_ptr()
+        self._bias = bias.data_ptr() if bias is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         assert x.dtype == self.packed.dtype and x.shape[-1] == self.in_features
-        rows = x.reshape(-1, self.in_features).contiguous()
-        out = torch.empty(rows.shape[0], self.out_features, dtype=x.dtype)
-        if rows.shape[0]:
+        rows = x if x.dim() == 2 and x.is_contiguous() else \
+            x.reshape(-1, self.in_features).contiguous()
+        m = rows.shape[0]
+        out = torch.empty(m, self.out_features, dtype=x.dtype)
+        if m:
             slots = torch.get_num_threads()
-            part = torch.empty(slots * rows.shape[0] * BLOCK, dtype=torch.float32)
-            if self._run(rows.data_ptr(), self.packed.data_ptr(),
-                         self.bias.data_ptr() if self.bias is not None else None,
-                         out.data_ptr(), rows.shape[0], self.out_features, self.in_features,
-                         part.data_ptr(), slots):
+            # fp32 partial sums, for rows past one pass only (a decode step has none)
+            part = torch.empty(slots * m * BLOCK if m > ROWS_PER_PASS else 0,
+                               dtype=torch.float32)
+            if self._run(rows.data_ptr(), self._weight, self._bias, out.data_ptr(), m,
+                         self.out_features, self.in_features,
+                         part.data_ptr() if part.numel() else None, slots):
                 raise MemoryError("no memory for the blocked linear's packed rows")
-        return out.view(*x.shape[:-1], self.out_features)
+        return out if x.dim() == 2 else out.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

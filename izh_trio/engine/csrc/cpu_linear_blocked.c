@@ -237,7 +237,7 @@ INLINE int linear(const void *x, const void *w, const void *bias, void *y, int64
         /* every thread packs a share of the rows' columns, and multiplies all of them */
         pack_rows(x, xt, m_len, k_len, kp, words * t / nt, words * (t + 1) / nt, bf16);
         #pragma omp barrier
-        float *own = part + (int64_t)t * m_len * NB;
+        float *own = part ? part + (int64_t)t * m_len * NB : NULL;
         for (;;) {
             int64_t b0 = __atomic_fetch_add(&next, grain, __ATOMIC_RELAXED);
             if (b0 >= total) break;
@@ -257,7 +257,8 @@ int supported(void) { return HAVE_BF16 ? 3 : 1; }
 
 /* y = x @ W^T (+ bias): x [m_len, k_len], W packed by cpu_linear_blocked.pack from
    [n_len, k_len], bias [n_len] or NULL, y [m_len, n_len]; contiguous, all of one dtype.
-   part: fp32 scratch of slots * m_len * NB values; at most slots threads, as many as
+   part: fp32 scratch of slots * m_len * NB values (NULL will do for m_len <= TM, one pass
+   a block); at most slots threads, as many as
    torch's (OpenMP's) thread count allows. */
 int linear_f32(const float *x, const float *w, const float *bias, float *y, int64_t m_len,
                int64_t n_len, int64_t k_len, float *part, int64_t slots) {
