@@ -88,8 +88,6 @@ class BlockedLinear(nn.Module):
         self.in_features, self.out_features = in_features, out_features
         lib = _KERNEL.lib
         self._run = lib.linear_bf16 if packed.dtype == torch.bfloat16 else lib.linear_f32
-        self._weight = packed.data_ptr()
-        self._bias = bias.data_ptr() if bias is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         assert x.dtype == self.packed.dtype and x.shape[-1] == self.in_features
@@ -100,11 +98,12 @@ class BlockedLinear(nn.Module):
         if m:
             slots = torch.get_num_threads()
             # fp32 partial sums, for rows past one pass only (a decode step has none)
-            part = torch.empty(slots * m * BLOCK if m > ROWS_PER_PASS else 0,
-                               dtype=torch.float32)
-            if self._run(rows.data_ptr(), self._weight, self._bias, out.data_ptr(), m,
-                         self.out_features, self.in_features,
-                         part.data_ptr() if part.numel() else None, slots):
+            part = torch.empty(slots * m * BLOCK, dtype=torch.float32) \
+                if m > ROWS_PER_PASS else None
+            if self._run(rows.data_ptr(), self.packed.data_ptr(),
+                         self.bias.data_ptr() if self.bias is not None else None,
+                         out.data_ptr(), m, self.out_features, self.in_features,
+                         part.data_ptr() if part is not None else None, slots):
                 raise MemoryError("no memory for the blocked linear's packed rows")
         return out if x.dim() == 2 else out.view(*x.shape[:-1], self.out_features)
 
