@@ -45,6 +45,13 @@ def available() -> bool:
     return _KERNEL.available()
 
 
+def entry(dtype: torch.dtype) -> int:
+    """The kernel's address for a ``dtype`` cache (q and output fp32), for C code that calls
+    it itself (``models/cpu_decode.py``); only after ``available()`` said True."""
+    function = _KERNEL.lib.paged_decode if dtype == torch.float32 else _KERNEL.lib.paged_decode_bf16
+    return ctypes.cast(function, ctypes.c_void_p).value or 0
+
+
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  tables: torch.Tensor, context_lens: torch.Tensor, scale: float
                  ) -> torch.Tensor:

@@ -66,6 +66,14 @@ def _kernel(name: str, x: torch.Tensor, *others: torch.Tensor) -> Any:
     return getattr(_KERNEL.lib, name if x.dtype == torch.float32 else f"{name}_bf16")
 
 
+def entry(name: str, dtype: torch.dtype) -> int:
+    """The address of kernel ``name`` for ``dtype``, for C code that calls it itself
+    (``models/cpu_decode.py``); only after ``available()`` said True."""
+    assert dtype in DTYPES
+    function = getattr(_KERNEL.lib, name if dtype == torch.float32 else f"{name}_bf16")
+    return ctypes.cast(function, ctypes.c_void_p).value or 0
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dim of ``x`` [..., N], as ``models.layers.RMSNorm``."""
     kernel = _kernel("rms_norm", x, weight)

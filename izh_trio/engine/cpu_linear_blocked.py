@@ -67,6 +67,13 @@ def available(dtype: torch.dtype) -> bool:
     return _shares_torch_threads
 
 
+def entry(dtype: torch.dtype) -> int:
+    """The kernel's address for ``dtype``, for C code that calls it itself
+    (``models/cpu_decode.py``); only after ``available(dtype)`` said True."""
+    function = _KERNEL.lib.linear_bf16 if dtype == torch.bfloat16 else _KERNEL.lib.linear_f32
+    return ctypes.cast(function, ctypes.c_void_p).value or 0
+
+
 def pack(weight: torch.Tensor) -> torch.Tensor:
     """``weight`` [N, K] in the kernel's layout, zero-padded to whole blocks:
     [N / BLOCK][K][BLOCK] in fp32, [N / BLOCK][K / 2][BLOCK][2] in bf16 (K padded even)."""

@@ -20,6 +20,8 @@ from izh_trio.engine.attention import ChunkSpec, StepAttention, get_backend, lon
 from izh_trio.engine.cpu_linear import pack_linears
 from izh_trio.engine.loader import iter_safetensors, resolve_dtype
 from izh_trio.engine.lora.manager import LoraManager, lora_enabled
+from izh_trio.engine.models import cpu_decode
+from izh_trio.engine.models.base import DecoderStack
 from izh_trio.engine.scheduler import ScheduledSeq
 from izh_trio.engine.sequence import Sequence
 from izh_trio.wire import EngineConfig
@@ -78,6 +80,11 @@ class ModelRunner:
                      "layout, or our bf16 kernel's)", twins, pack_linears(self.model))
         self.lora = (LoraManager(config, self.model, self.dtype, self.device)
                      if lora_enabled(config) else None)
+        if self.device.type == "cpu" and isinstance(self.model, DecoderStack):
+            # last: it chains the modules as they now are (twins, packed linears, no LoRA)
+            self.model.decode_layers = cpu_decode.build(self.model)
+            log.info("decode steps' layers in one compiled call: %s",
+                     self.model.decode_layers is not None)
 
         use_graphs = self._wants_cuda_graphs(config)
         per_block = (2 * cfg.num_hidden_layers * config.block_size * cfg.num_key_value_heads

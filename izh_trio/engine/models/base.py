@@ -4,7 +4,7 @@ with the weight loading and the load-time module swaps every family shares, and
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import ClassVar, TypeVar
 
 import torch
@@ -13,7 +13,7 @@ from torch import nn
 from izh_trio.engine import cpu_fused
 from izh_trio.engine.attention import AttentionBackend, AttentionMetadata
 from izh_trio.engine.loader import CheckpointError, ModelConfig
-from izh_trio.engine.models.layers import KVCache, RMSNorm, RotaryEmbedding
+from izh_trio.engine.models.layers import KVCache, RMSNorm, RotaryEmbedding, Rotation
 
 M = TypeVar("M", bound=nn.Module)
 
@@ -157,10 +157,18 @@ class DecoderStack(CausalLM):
         return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
                 "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
 
+    #: The layers as one compiled call for the steps it takes (``cpu_decode.DecodeLayers``,
+    #: set by the runner on CPU): the same hidden states as the loop below, or None.
+    decode_layers: Callable[[torch.Tensor, Rotation, AttentionMetadata, list[KVCache]],
+                            tuple[torch.Tensor, torch.Tensor] | None] | None = None
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 meta: AttentionMetadata, kv_caches: list[KVCache]) -> torch.Tensor:
         h = self.embed_tokens(input_ids)
         rotation = self.rope.table(positions, h.dtype)
+        if self.decode_layers is not None and (
+                done := self.decode_layers(h, rotation, meta, kv_caches)) is not None:
+            return done[1] + done[0]
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             h, residual = layer(h, rotation, meta, kv_cache, residual)

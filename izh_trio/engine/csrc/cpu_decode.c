@@ -1,0 +1,145 @@
+/* A decode step's decoder layers, all of them in one call: the same kernels the model's CPU
+   twins call one by one from Python (cpu_fused.c, cpu_linear_blocked.c, cpu_attention.c), in
+   the same order on the same buffers, chained here so that a step of a few rows does not pay
+   some twenty Python calls a layer. Built and called by models/cpu_decode.py, which hands
+   over the kernels' own entry points (Kernels) and each layer's tensors (Layer); the results
+   are bitwise the Python path's. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef void (*rms_norm_fn)(const void *x, const void *w, float eps, void *out, int64_t rows,
+                            int64_t n);
+typedef void (*add_rms_norm_fn)(const void *x, const void *residual, const void *w, float eps,
+                                void *sum, void *out, int64_t rows, int64_t n);
+typedef int64_t (*qk_fn)(const void *qkv, const void *qw, const void *kw, float eps,
+                         const void *cos, const void *sin, const int64_t *slots, void *q,
+                         void *k, void *kc, void *vc, int64_t rows, int64_t hq, int64_t hkv,
+                         int64_t d, int64_t nslots);
+typedef void (*silu_mul_fn)(const void *gu, void *out, int64_t rows, int64_t i);
+typedef int (*linear_fn)(const void *x, const void *w, const void *bias, void *y, int64_t m,
+                         int64_t n, int64_t k, float *part, int64_t slots);
+typedef void (*attention_fn)(const float *q, const void *kc, const void *vc,
+                             const int64_t *tables, const int64_t *ctx, float *out, int64_t b,
+                             int64_t hq, int64_t hkv, int64_t d, int64_t bs, int64_t w,
+                             float scale);
+
+typedef struct {  /* the kernels, each the entry for the model's dtype */
+    rms_norm_fn rms_norm;
+    add_rms_norm_fn add_rms_norm;
+    qk_fn qk_norm_rope_store;
+    silu_mul_fn silu_mul;
+    linear_fn linear;
+    attention_fn attention;
+} Kernels;
+
+typedef struct {  /* the model's shape */
+    int64_t hidden, heads, kv_heads, head_dim, intermediate, block_size, cache_slots;
+    float eps, qk_eps, scale;
+    int64_t bf16;  /* else fp32 */
+} Shape;
+
+typedef struct {  /* one layer's tensors: packed weights, biases or NULL, norms, caches */
+    const void *input_norm, *post_norm, *q_norm, *k_norm;  /* q_norm, k_norm: NULL (Llama) */
+    const void *qkv, *qkv_bias, *o, *o_bias, *gate_up, *gate_up_bias, *down, *down_bias;
+    void *k_cache, *v_cache;
+} Layer;
+
+typedef struct {  /* the step: `rows` decode rows, one a sequence */
+    int64_t rows, table_width, threads;
+    const void *cos, *sin;  /* [rows, D] in the model's dtype */
+    const int64_t *slots, *tables, *context_lens;
+} Step;
+
+/* torch's float -> bfloat16: round to nearest, ties to even; NaN as 0x7FC0 */
+static uint16_t narrow(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* Every layer on x [rows, hidden] (the embeddings); writes the last layer's MLP output to
+   `mlp` and the residual stream to `residual`, whose sum is the stack's output, as
+   DecoderStack.forward adds them. Returns 0; the count of slots outside the cache (nothing
+   more was done after the layer that found them); -1 without memory. */
+int64_t decode_layers(const Kernels *kern, const Shape *s, const Layer *layers,
+                      int64_t num_layers, const Step *st, const void *x, void *mlp,
+                      void *residual) {
+    const int64_t m = st->rows, h = s->hidden, d = s->head_dim, size = s->bf16 ? 2 : 4;
+    const int64_t q_len = s->heads * d, kv_len = s->kv_heads * d, qkv_len = q_len + 2 * kv_len;
+    const int64_t i2 = 2 * s->intermediate;
+    /* one allocation for every buffer, each 64-byte aligned */
+    const int64_t words[] = {m * h, m * h, m * h, m * h, m * qkv_len, m * q_len, m * kv_len,
+                             m * q_len, m * i2, m * s->intermediate};
+    enum { STREAM_A, STREAM_B, O, NORMED, QKV, Q, K, ATT, GU, ACT, COUNT };
+    int64_t at[COUNT + 1] = {0};
+    for (int i = 0; i < COUNT; i++) at[i + 1] = at[i] + (words[i] * size + 63) / 64 * 64;
+    const int64_t fp32_len = s->bf16 ? m * q_len : 0;  /* q and the output, widened */
+    const int64_t part_len = m > 8 ? st->threads * m * 32 : 0;  /* a linear's, past TM rows */
+    char *buf = NULL;
+    if (posix_memalign((void **)&buf, 64, (size_t)(at[COUNT] + 4 * (2 * fp32_len + part_len)))
+        != 0)
+        return -1;
+#define AT(i) ((void *)(buf + at[i]))
+    void *normed = AT(NORMED), *qkv = AT(QKV), *q = AT(Q), *k = AT(K), *att = AT(ATT);
+    void *o = AT(O), *gu = AT(GU), *act = AT(ACT);
+    float *qf = (float *)AT(COUNT), *af = qf + fp32_len, *part = part_len ? af + fp32_len : NULL;
+    /* The residual stream: the embeddings before the first layer, then each add's sum, in
+       whichever of two buffers the stream is not in now (the add reads one, writes the other). */
+    const void *res = x;
+#define NEXT (res == AT(STREAM_A) ? AT(STREAM_B) : AT(STREAM_A))
+    int64_t status = -1;  /* a linear's rows could not be had, until the layers are done */
+    for (int64_t l = 0; l < num_layers; l++) {
+        const Layer *ly = &layers[l];
+        if (l == 0) {
+            kern->rms_norm(x, ly->input_norm, s->eps, normed, m, h);
+        } else {
+            void *sum = NEXT;
+            kern->add_rms_norm(mlp, res, ly->input_norm, s->eps, sum, normed, m, h);
+            res = sum;
+        }
+        if (kern->linear(normed, ly->qkv, ly->qkv_bias, qkv, m, qkv_len, h, part, st->threads))
+            goto done;
+        const int64_t bad = kern->qk_norm_rope_store(
+            qkv, ly->q_norm, ly->k_norm, s->qk_eps, st->cos, st->sin, st->slots, q, k,
+            ly->k_cache, ly->v_cache, m, s->heads, s->kv_heads, d, s->cache_slots);
+        if (bad) {
+            status = bad;
+            goto done;
+        }
+        if (s->bf16) {  /* the kernel's q and output are fp32, as cpu_attention.py widens */
+            const uint16_t *qb = (const uint16_t *)q;
+            for (int64_t i = 0; i < m * q_len; i++) {
+                const uint32_t u = (uint32_t)qb[i] << 16;
+                memcpy(qf + i, &u, 4);
+            }
+            kern->attention(qf, ly->k_cache, ly->v_cache, st->tables, st->context_lens, af, m,
+                            s->heads, s->kv_heads, d, s->block_size, st->table_width, s->scale);
+            uint16_t *ab = (uint16_t *)att;
+            for (int64_t i = 0; i < m * q_len; i++) ab[i] = narrow(af[i]);
+        } else {
+            kern->attention((const float *)q, ly->k_cache, ly->v_cache, st->tables,
+                            st->context_lens, (float *)att, m, s->heads, s->kv_heads, d,
+                            s->block_size, st->table_width, s->scale);
+        }
+        if (kern->linear(att, ly->o, ly->o_bias, o, m, h, q_len, part, st->threads)) goto done;
+        void *sum = NEXT;
+        kern->add_rms_norm(o, res, ly->post_norm, s->eps, sum, normed, m, h);
+        res = sum;
+        if (kern->linear(normed, ly->gate_up, ly->gate_up_bias, gu, m, i2, h, part,
+                         st->threads))
+            goto done;
+        kern->silu_mul(gu, act, m, s->intermediate);
+        if (kern->linear(act, ly->down, ly->down_bias, mlp, m, h, s->intermediate, part,
+                         st->threads))
+            goto done;
+    }
+    memcpy(residual, res, (size_t)(m * h * size));
+    status = 0;
+done:
+#undef NEXT
+#undef AT
+    free(buf);
+    return status;
+}
