@@ -2,7 +2,7 @@
 
     python -m tools.micro.bench_cpu_attention [--batch 256] [--min-ctx 100] [--max-ctx 160]
         [--heads 4] [--kv-heads 2] [--head-dim 64] [--block-size 16] [--iters 50]
-        [--rounds 5] [--no-torch]
+        [--rounds 5] [--no-torch] [--dtype bfloat16] [--layers 28]
     python -m tools.micro.bench_cpu_attention --module /tmp/old_cpu_attention.py --module package
     python -m tools.micro.bench_cpu_attention --prefill 32 --batch 32 --min-ctx 32 --max-ctx 32 \
         [--threads 2]
@@ -18,7 +18,10 @@ bytes each call has to read and the rate it read them at, and the largest differ
 between the two outputs. ``--module`` (repeatable) loads ``cpu_attention`` from a file
 instead (``package``: the package's own), to compare an older kernel with the current one;
 their rounds are interleaved, so a busy machine slows them alike. Each figure is the best
-round of ``--rounds``.
+round of ``--rounds``. ``--dtype bfloat16`` times a bf16 cache (q and output stay fp32, as
+the engine calls it); ``--layers N`` gives each call N caches to go through, one after another
+as a step's layers do, so that the K/V is not in the caches from the call before (figures are
+still per layer).
 
 ``--prefill N`` times a step of ``--batch`` prefill chunks of N query rows instead (each
 continuing to a context drawn from ``--min-ctx``..``--max-ctx``, at least N: equal to N is a
@@ -74,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefill", type=int, default=0, metavar="N",
                    help="time prefill chunks of N rows instead of decodes")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument("--layers", type=int, default=1, help="caches a call goes through")
     args = p.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -89,8 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     lens = torch.randint(args.min_ctx, args.max_ctx + 1, (b,), generator=g)
     width = int((lens.max() + bs - 1) // bs)
     num_blocks = b * width + 1
-    k_cache = torch.randn(num_blocks, bs, h_kv, d, generator=g)
-    v_cache = torch.randn(num_blocks, bs, h_kv, d, generator=g)
+    dtype = getattr(torch, args.dtype)
+    caches = [(torch.randn(num_blocks, bs, h_kv, d, generator=g).to(dtype),
+               torch.randn(num_blocks, bs, h_kv, d, generator=g).to(dtype))
+              for _ in range(args.layers)]
+    k_cache, v_cache = caches[0]
     tables = torch.randperm(num_blocks, generator=g)[: b * width].view(b, width)
     q = torch.randn(b, h_q, d, generator=g)
     scale = d**-0.5
@@ -106,18 +114,23 @@ def main(argv: list[str] | None = None) -> int:
         return F.scaled_dot_product_attention(qd, kd, vd, attn_mask=bias,
                                               scale=scale).reshape(b, h_q, d)
 
+    def every_layer(kernel: ModuleType) -> torch.Tensor:
+        for k, v in caches:
+            out = kernel.paged_decode(q, k, v, tables, lens, scale)
+        return out
+
     fns: dict[str, Callable[[], torch.Tensor]] = {
-        f"C kernel ({path})": functools.partial(k.paged_decode, q, k_cache, v_cache, tables,
-                                                lens, scale)
-        for path, k in kernels.items()}
+        f"C kernel ({path})": functools.partial(every_layer, k) for path, k in kernels.items()}
     iters = dict.fromkeys(fns, args.iters)
     if not args.no_torch:
         fns["torch"], iters["torch"] = with_torch, max(1, args.iters // 5)
 
-    kv_bytes = int(lens.sum()) * h_kv * d * 4 * 2
+    kv_bytes = int(lens.sum()) * h_kv * d * dtype.itemsize * 2
     print(f"B={b} ctx=[{args.min_ctx},{args.max_ctx}] (mean {lens.float().mean():.1f}) "
-          f"H_q={h_q} H_kv={h_kv} D={d} block={bs}: {kv_bytes / 1e6:.1f} MB of K/V per call")
+          f"H_q={h_q} H_kv={h_kv} D={d} block={bs} {args.dtype}: {kv_bytes / 1e6:.1f} MB of "
+          f"K/V per call, {args.layers} cache(s) a round")
     for name, ms in best_of(fns, iters, args.rounds, MS).items():
+        ms = ms / args.layers if name != "torch" else ms
         print(f"{name:40s} {ms:8.3f} ms/call  {kv_bytes / ms / 1e6:6.1f} GB/s of K/V")
     if not args.no_torch:
         want = with_torch()

@@ -51,12 +51,20 @@ typedef struct {  /* the step: `rows` decode rows, one a sequence */
     const int64_t *slots, *tables, *context_lens;
 } Step;
 
-/* torch's float -> bfloat16: round to nearest, ties to even; NaN as 0x7FC0 */
-static uint16_t narrow(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;
-    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+/* bf16 -> fp32, exactly (a bf16 is the upper half of an fp32) */
+static void widen(const uint16_t *restrict x, uint32_t *restrict y, int64_t n) {
+    #pragma omp simd
+    for (int64_t i = 0; i < n; i++) y[i] = (uint32_t)x[i] << 16;
+}
+
+/* fp32 -> bf16 as torch rounds: to nearest, ties to even; NaN as 0x7FC0 */
+static void narrow(const uint32_t *restrict x, uint16_t *restrict y, int64_t n) {
+    #pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+        const uint32_t u = x[i];
+        const uint16_t r = (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+        y[i] = (u & 0x7FFFFFFFu) > 0x7F800000u ? (uint16_t)0x7FC0 : r;
+    }
 }
 
 /* Every layer on x [rows, hidden] (the embeddings); writes the last layer's MLP output to
@@ -109,15 +117,10 @@ int64_t decode_layers(const Kernels *kern, const Shape *s, const Layer *layers,
             goto done;
         }
         if (s->bf16) {  /* the kernel's q and output are fp32, as cpu_attention.py widens */
-            const uint16_t *qb = (const uint16_t *)q;
-            for (int64_t i = 0; i < m * q_len; i++) {
-                const uint32_t u = (uint32_t)qb[i] << 16;
-                memcpy(qf + i, &u, 4);
-            }
+            widen((const uint16_t *)q, (uint32_t *)qf, m * q_len);
             kern->attention(qf, ly->k_cache, ly->v_cache, st->tables, st->context_lens, af, m,
                             s->heads, s->kv_heads, d, s->block_size, st->table_width, s->scale);
-            uint16_t *ab = (uint16_t *)att;
-            for (int64_t i = 0; i < m * q_len; i++) ab[i] = narrow(af[i]);
+            narrow((const uint32_t *)af, (uint16_t *)att, m * q_len);
         } else {
             kern->attention((const float *)q, ly->k_cache, ly->v_cache, st->tables,
                             st->context_lens, (float *)att, m, s->heads, s->kv_heads, d,
