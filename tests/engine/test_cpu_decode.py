@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
 
@@ -142,3 +143,28 @@ def test_lora_keeps_the_modules(tmp_path: Path, qwen3_dirs: dict[str, Path]) -> 
     core = EngineCore(EngineConfig(model_dir=str(qwen3_dirs["hd32"]), num_kv_blocks=64,
                                    lora_runtime_updates=True))
     assert core.runner.model.decode_layers is None
+
+
+def test_a_slot_outside_the_cache_is_an_error_not_a_write(qwen3_dirs: dict[str, Path]) -> None:
+    """As the modules' KV store refuses it: the call fails with IndexError at the first
+    layer's store, and no layer after it runs (their caches are untouched)."""
+    core = _engine(qwen3_dirs["hd32"], "float32")
+    model = core.runner.model
+    seen: dict[str, object] = {}
+    real = model.decode_layers
+    assert real is not None
+
+    def grab(*args: object) -> object:
+        seen["args"] = args
+        return real(*args)  # type: ignore[arg-type]
+
+    model.decode_layers = grab  # type: ignore[assignment]
+    _generate(core, PROMPTS[:2], 3)
+    x, rotation, meta, caches = seen["args"]  # type: ignore[misc]
+    slots = meta.slot_mapping.clone()
+    slots[-1] = caches[0][0].shape[0] * caches[0][0].shape[1]  # one past the last slot
+    before = [(k.clone(), v.clone()) for k, v in caches]
+    with pytest.raises(IndexError, match="1 of 2 KV slots outside the cache"):
+        real(x, rotation, attrs.evolve(meta, slot_mapping=slots), caches)
+    assert all(torch.equal(k, k0) and torch.equal(v, v0)
+               for (k, v), (k0, v0) in zip(caches[1:], before[1:], strict=True))
