@@ -45,7 +45,8 @@ typedef struct {  /* one layer's tensors: packed weights, biases or NULL, norms,
     void *k_cache, *v_cache;
 } Layer;
 
-typedef struct {  /* the step: `rows` decode rows, one a sequence */
+typedef struct {  /* the step: `rows` rows, each with its own table row and context (a
+                    decode, or a row of a prompt chunk short enough for the kernel) */
     int64_t rows, table_width, threads;
     const void *cos, *sin;  /* [rows, D] in the model's dtype */
     const int64_t *slots, *tables, *context_lens;

@@ -106,6 +106,8 @@ class DecodeLayers:
         self._caches = list(kv_caches)
         for (k, v), out in zip(self._caches, self._layers, strict=True):
             assert k.is_contiguous() and v.is_contiguous() and k.dtype == v.dtype == self._dtype
+            assert k.shape == v.shape and k.shape[2:] == (self._shape.kv_heads,
+                                                          self._shape.head_dim)
             out.k_cache, out.v_cache = k.data_ptr(), v.data_ptr()
         k = self._caches[0][0]
         self._shape.block_size, self._shape.cache_slots = k.shape[1], k.shape[0] * k.shape[1]
@@ -129,6 +131,8 @@ class DecodeLayers:
         assert x.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()
         assert cos.dtype == self._dtype and tables.is_contiguous() and lens.is_contiguous()
         assert slots.is_contiguous() and slots.dtype == tables.dtype == torch.int64
+        assert tables.shape[0] == lens.shape[0] == slots.shape[0] == rows
+        assert cos.shape == sin.shape == (rows, 1, self._shape.head_dim)
         step = _Step(rows, tables.shape[1], torch.get_num_threads(), cos.data_ptr(),
                      sin.data_ptr(), slots.data_ptr(), tables.data_ptr(), lens.data_ptr())
         mlp, residual = torch.empty_like(x), torch.empty_like(x)
