@@ -110,6 +110,10 @@ class Kernel:
         assert lib, f"{self.label} is not loaded"
         return lib
 
+    def address(self, function: str) -> int:
+        """Where ``function`` of the loaded library starts, for C code that calls it itself."""
+        return ctypes.cast(getattr(self.lib, function), ctypes.c_void_p).value or 0
+
     def source(self) -> str:
         """The C source, read from the package (a wheel ships ``csrc/`` as package data)."""
         return (resources.files("izh_trio.engine") / "csrc" / f"{self.name}.c").read_text("utf-8")

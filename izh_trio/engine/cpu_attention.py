@@ -48,8 +48,7 @@ def available() -> bool:
 def entry(dtype: torch.dtype) -> int:
     """The kernel's address for a ``dtype`` cache (q and output fp32), for C code that calls
     it itself (``models/cpu_decode.py``); only after ``available()`` said True."""
-    function = _KERNEL.lib.paged_decode if dtype == torch.float32 else _KERNEL.lib.paged_decode_bf16
-    return ctypes.cast(function, ctypes.c_void_p).value or 0
+    return _KERNEL.address("paged_decode" if dtype == torch.float32 else "paged_decode_bf16")
 
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

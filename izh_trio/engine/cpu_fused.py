@@ -70,8 +70,7 @@ def entry(name: str, dtype: torch.dtype) -> int:
     """The address of kernel ``name`` for ``dtype``, for C code that calls it itself
     (``models/cpu_decode.py``); only after ``available()`` said True."""
     assert dtype in DTYPES
-    function = getattr(_KERNEL.lib, name if dtype == torch.float32 else f"{name}_bf16")
-    return ctypes.cast(function, ctypes.c_void_p).value or 0
+    return _KERNEL.address(name if dtype == torch.float32 else f"{name}_bf16")
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

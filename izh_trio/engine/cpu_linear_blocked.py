@@ -70,8 +70,7 @@ def available(dtype: torch.dtype) -> bool:
 def entry(dtype: torch.dtype) -> int:
     """The kernel's address for ``dtype``, for C code that calls it itself
     (``models/cpu_decode.py``); only after ``available(dtype)`` said True."""
-    function = _KERNEL.lib.linear_bf16 if dtype == torch.bfloat16 else _KERNEL.lib.linear_f32
-    return ctypes.cast(function, ctypes.c_void_p).value or 0
+    return _KERNEL.address("linear_bf16" if dtype == torch.bfloat16 else "linear_f32")
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:

@@ -33,8 +33,10 @@ typedef struct {  /* the kernels, each the entry for the model's dtype */
     attention_fn attention;
 } Kernels;
 
-typedef struct {  /* the model's shape */
+typedef struct {  /* the model's shape, and the linear kernel's rows a pass and outputs a
+                    block (its fp32 scratch is needed past a pass: threads x rows x block) */
     int64_t hidden, heads, kv_heads, head_dim, intermediate, block_size, cache_slots;
+    int64_t rows_per_pass, linear_block;
     float eps, qk_eps, scale;
     int64_t bf16;  /* else fp32 */
 } Shape;
@@ -85,7 +87,7 @@ int64_t decode_layers(const Kernels *kern, const Shape *s, const Layer *layers,
     int64_t at[COUNT + 1] = {0};
     for (int i = 0; i < COUNT; i++) at[i + 1] = at[i] + (words[i] * size + 63) / 64 * 64;
     const int64_t fp32_len = s->bf16 ? m * q_len : 0;  /* q and the output, widened */
-    const int64_t part_len = m > 8 ? st->threads * m * 32 : 0;  /* a linear's, past TM rows */
+    const int64_t part_len = m > s->rows_per_pass ? st->threads * m * s->linear_block : 0;
     char *buf = NULL;
     if (posix_memalign((void **)&buf, 64, (size_t)(at[COUNT] + 4 * (2 * fp32_len + part_len)))
         != 0)

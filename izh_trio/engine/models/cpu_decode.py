@@ -49,7 +49,8 @@ class _Kernels(ctypes.Structure):  # csrc/cpu_decode.c's Kernels
 
 class _Shape(ctypes.Structure):
     _fields_ = [*((name, _I) for name in ("hidden", "heads", "kv_heads", "head_dim",
-                                          "intermediate", "block_size", "cache_slots")),
+                                          "intermediate", "block_size", "cache_slots",
+                                          "rows_per_pass", "linear_block")),
                 ("eps", _F), ("qk_eps", _F), ("scale", _F), ("bf16", _I)]
 
 
@@ -203,7 +204,8 @@ def build(model: nn.Module) -> DecodeLayers | None:
         cpu_fused.entry("rms_norm", dtype), cpu_fused.entry("add_rms_norm", dtype),
         cpu_fused.entry("qk_norm_rope_store", dtype), cpu_fused.entry("silu_mul", dtype),
         cpu_linear_blocked.entry(dtype), cpu_attention.entry(dtype))
-    shape = _Shape(hidden, heads, kv_heads, head_dim, intermediate, 0, 0, eps, qk_eps, scale,
-                   int(dtype == torch.bfloat16))
+    shape = _Shape(hidden, heads, kv_heads, head_dim, intermediate, 0, 0,
+                   cpu_linear_blocked.ROWS_PER_PASS, cpu_linear_blocked.BLOCK, eps, qk_eps,
+                   scale, int(dtype == torch.bfloat16))
     return DecodeLayers(kernels, shape, specs,
                         None if all(every) else cpu_linear_blocked.ROWS_PER_PASS, dtype)
