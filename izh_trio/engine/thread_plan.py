@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import logging
 import os
+import statistics
+from collections import deque
 
 import attrs
 import torch
@@ -57,34 +59,42 @@ def _bucket(batch: list[ScheduledSeq]) -> int:
 
 @attrs.define
 class StepTimes:
-    """Decode steps' durations (a moving average) per batch bucket and thread count, and which
-    count to run a bucket's next step on: each is tried until it has ``SAMPLES`` figures,
-    then the faster runs, the other again for two steps every ``explore_every`` steps of the
-    bucket (the machine and the contexts change; the first step after a change of count is
-    not counted, so one step would teach nothing)."""
+    """Decode steps' durations per batch bucket and thread count, and which count to run a
+    bucket's next step on: each is tried until it has ``SAMPLES`` figures, then the faster
+    runs, the other again for two steps every ``explore_every`` steps of the bucket while the
+    two are within ``CLOSE`` of each other, every ``far_every`` once the other is well behind
+    (the machine and the contexts change; the first step after a change of count is not
+    counted, so one step would teach nothing).
+
+    A count's figure is the median of its last ``WINDOW`` steps, not a moving average: one
+    slow step (a page fault, the frontend taking the core, a neighbour on the host) must not
+    hand the bucket to the slower count, which would then run until its next exploration."""
 
     explore_every: int = 64
-    ewma: dict[tuple[int, int], float] = attrs.field(factory=dict)
-    samples: dict[tuple[int, int], int] = attrs.field(factory=dict)
+    far_every: int = 256
+    recent: dict[tuple[int, int], deque[float]] = attrs.field(factory=dict)
     steps: dict[int, int] = attrs.field(factory=dict)
 
     SAMPLES = 3
-    ALPHA = 0.3
+    WINDOW = 7
+    CLOSE = 1.2
+
+    def seconds(self, bucket: int, count: int) -> float:
+        """The figure ``choose`` ranks ``count`` by (needs a sample)."""
+        return statistics.median(self.recent[bucket, count])
 
     def choose(self, bucket: int, counts: tuple[int, ...]) -> int:
         n = self.steps[bucket] = self.steps.get(bucket, 0) + 1
         for count in counts:
-            if self.samples.get((bucket, count), 0) < self.SAMPLES:
+            if len(self.recent.get((bucket, count), ())) < self.SAMPLES:
                 return count
-        ranked = sorted(counts, key=lambda c: self.ewma[bucket, c])
-        return ranked[1] if n % self.explore_every < 2 else ranked[0]
+        ranked = sorted(counts, key=lambda c: self.seconds(bucket, c))
+        close = self.seconds(bucket, ranked[1]) < self.CLOSE * self.seconds(bucket, ranked[0])
+        return ranked[1] if n % (self.explore_every if close else self.far_every) < 2 \
+            else ranked[0]
 
     def observe(self, bucket: int, count: int, seconds: float) -> None:
-        key = (bucket, count)
-        seen = self.samples.get(key, 0)
-        self.samples[key] = seen + 1
-        old = self.ewma.get(key)
-        self.ewma[key] = seconds if old is None else old + self.ALPHA * (seconds - old)
+        self.recent.setdefault((bucket, count), deque(maxlen=self.WINDOW)).append(seconds)
 
 
 @attrs.define
