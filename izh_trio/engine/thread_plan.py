@@ -88,10 +88,11 @@ class StepTimes:
         for count in counts:
             if len(self.recent.get((bucket, count), ())) < self.SAMPLES:
                 return count
-        ranked = sorted(counts, key=lambda c: self.seconds(bucket, c))
-        close = self.seconds(bucket, ranked[1]) < self.CLOSE * self.seconds(bucket, ranked[0])
-        return ranked[1] if n % (self.explore_every if close else self.far_every) < 2 \
-            else ranked[0]
+        figure = {c: self.seconds(bucket, c) for c in counts}
+        best, other = sorted(counts, key=figure.__getitem__)[:2]
+        every = self.explore_every if figure[other] < self.CLOSE * figure[best] else \
+            self.far_every
+        return other if n % every < 2 else best
 
     def observe(self, bucket: int, count: int, seconds: float) -> None:
         self.recent.setdefault((bucket, count), deque(maxlen=self.WINDOW)).append(seconds)

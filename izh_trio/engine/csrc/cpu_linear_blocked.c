@@ -157,22 +157,20 @@ INLINE void pass(const void *xt, const void *block, int64_t k0, int64_t k1, int 
     const int64_t size = bf16 ? 2 : 4;
     const int64_t span = ahead == AHEAD_CHUNK ? (k1 - k0) * NB * size : PF_BYTES;
     if (ahead == AHEAD_STREAM && MB >= PF_L2_ROWS) {
-        /* Enough rows that the arithmetic no longer hides L1's misses in flight: fetch into
-           L2 from further ahead (8-row bf16 and fp32 passes ~1.2x faster than into L1 from
-           PF_BYTES; 4 rows were slower) */
+        /* enough rows that the arithmetic no longer hides the misses L1 keeps in flight:
+           into L2, from further ahead (tools/bench/results/cpu-kernels.md) */
         for (int64_t k = k0; k < k1; k += g) {
             _mm_prefetch(w + k * NB * size + PF_L2_BYTES, _MM_HINT_T1);
             _mm_prefetch(w + k * NB * size + PF_L2_BYTES + 64, _MM_HINT_T1);
             step(acc, xt, block, k, MB, bf16);
         }
-    /* a lone row streams faster on the hardware's prefetcher alone */
     } else if (ahead == AHEAD_CHUNK || (ahead == AHEAD_STREAM && MB >= PF_ROWS)) {
         for (int64_t k = k0; k < k1; k += g) {
             _mm_prefetch(w + k * NB * size + span, _MM_HINT_T0);
             _mm_prefetch(w + k * NB * size + span + 64, _MM_HINT_T0);
             step(acc, xt, block, k, MB, bf16);
         }
-    } else {
+    } else {  /* a lone row streams faster on the hardware's prefetcher alone */
         for (int64_t k = k0; k < k1; k += g) step(acc, xt, block, k, MB, bf16);
     }
     for (int m = 0; m < MB; m++)
