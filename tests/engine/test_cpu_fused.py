@@ -9,6 +9,7 @@ tolerance. The whole model on the kernels is checked against transformers by
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -153,6 +154,51 @@ def test_slot_outside_the_cache_raises() -> None:
         slots[2] = bad
         with pytest.raises(IndexError, match="1 of 4 KV slots"):
             cpu_fused.qk_norm_rope_store(qkv, 4, 2, w, w, EPS, cos, sin, k_cache, v_cache, slots)
+
+
+@pytest.fixture
+def threads() -> Iterator[None]:
+    """Leaves torch's thread count as it found it."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.usefixtures("threads")
+def test_many_rows_split_between_threads_give_one_threads_results(dtype: torch.dtype) -> None:
+    """A prefill's rows (past ``PARALLEL_MIN_VALUES``) are split between torch's threads;
+    every kernel's results, and the count of slots outside the cache, are bitwise those of
+    one thread, whatever the count, and from the same rows as a decode-sized call's."""
+    tokens, dim, inter, h_q, h_kv, d = 300, 1024, 512, 8, 2, 64
+    assert tokens * dim >= cpu_fused.PARALLEL_MIN_VALUES > 4 * 2 * inter
+    g = torch.Generator().manual_seed(7)
+    x, res = (torch.randn(tokens, dim, generator=g).to(dtype) for _ in range(2))
+    w = torch.randn(dim, generator=g).to(dtype)
+    gate_up = torch.randn(tokens, 2 * inter, generator=g).to(dtype)
+    qkv, cos, sin, k_cache, v_cache, slots = _qk_case(tokens, h_q, h_kv, d, dtype=dtype)
+    hw = torch.randn(d, generator=g).to(dtype)
+    assert tokens * qkv.shape[1] >= cpu_fused.PARALLEL_MIN_VALUES
+
+    def run() -> list[torch.Tensor]:
+        kc, vc = k_cache.clone(), v_cache.clone()
+        qk = cpu_fused.qk_norm_rope_store(qkv, h_q, h_kv, hw, hw, EPS, cos, sin, kc, vc, slots)
+        return [cpu_fused.rms_norm(x, w, EPS), *cpu_fused.add_rms_norm(x, res, w, EPS),
+                cpu_fused.silu_mul(gate_up), *qk, kc, vc]
+
+    results = []
+    for n in (1, 2, 3):
+        torch.set_num_threads(n)
+        results.append(run())
+    for got in results[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(got, results[0], strict=True))
+    # the first rows alone, below the split, come out the same
+    assert torch.equal(cpu_fused.silu_mul(gate_up[:4]), results[0][3][:4])
+    assert torch.equal(cpu_fused.add_rms_norm(x[:4], res[:4], w, EPS)[1], results[0][2][:4])
+    bad = slots.clone()
+    bad[[5, 150, 299]] = -1
+    with pytest.raises(IndexError, match="3 of 300 KV slots"):
+        cpu_fused.qk_norm_rope_store(qkv, h_q, h_kv, hw, hw, EPS, cos, sin, k_cache.clone(),
+                                     v_cache.clone(), bad)
 
 
 @pytest.mark.parametrize("why", ["no library", "float64"])

@@ -5,12 +5,24 @@
    model's dtype) is rounded here at the same point (RB), so only the order of a sum of
    squares differs, and SiLU's e^x by an ulp or two.
    The kernels are written once, at the end of this file, which includes itself once per
-   element type (T). */
+   element type (T). Built with -fopenmp, the library binds to the OpenMP runtime torch
+   loaded: a call over many rows (a prefill's) splits them between torch's threads, each row
+   computed as on one thread, so the results do not depend on the count. */
 #ifndef T
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <string.h>
 #define INLINE static inline __attribute__((always_inline))
+
+/* Values a call reads before its rows are split between threads: a decode step's few rows
+   stay on the calling thread, where waking another costs about what it would save. */
+enum { PARALLEL_MIN = 1 << 16 };
+
+INLINE int threads_for(int64_t values, int64_t rows) {
+    const int n = values >= PARALLEL_MIN ? omp_get_max_threads() : 1;
+    return rows < n ? (int)rows : n;
+}
 
 INLINE float widen_bf16(uint16_t x) {  /* a bf16 is the upper half of an fp32's bits */
     uint32_t u = (uint32_t)x << 16;
@@ -133,9 +145,11 @@ INLINE int64_t qk_rows(const T *qkv, const T *qw, const T *kw, float eps, const 
                        const T *sin, const int64_t *slots, T *q, T *k, T *kc, T *vc,
                        int64_t Tn, int64_t HQ, int64_t HKV, const int64_t D, int64_t nslots) {
     const int64_t H = HQ + HKV, row = (H + HKV) * D, kv = HKV * D;
-    float r[H], y[D] __attribute__((aligned(64)));
+    const int nt = threads_for(Tn * row, Tn);
     int64_t bad = 0;
+    #pragma omp parallel for num_threads(nt) if(nt > 1) schedule(static) reduction(+:bad)
     for (int64_t t = 0; t < Tn; t++) {
+        float r[H], y[D] __attribute__((aligned(64)));
         const T *x = qkv + t * row;
         if (qw) {
             for (int64_t h = 0; h < H; h++) r[h] = sum_sq(x + h * D, D);
@@ -176,6 +190,8 @@ int64_t qk_norm_rope_store(const T *qkv, const T *qw, const T *kw, float eps, co
 /* sum = residual + x (rounded as torch's add); out = norm(sum); all [Tn, N]. */
 void add_rms_norm(const T *x, const T *residual, const T *w, float eps, T *sum, T *out,
                   int64_t Tn, int64_t N) {
+    const int nt = threads_for(Tn * N, (Tn + R - 1) / R);
+    #pragma omp parallel for num_threads(nt) if(nt > 1) schedule(static)
     for (int64_t t = 0; t < Tn; t += R) {
         const int64_t rows = Tn - t < R ? Tn - t : R;
         const T *restrict a = residual + t * N, *restrict b = x + t * N;
@@ -190,6 +206,8 @@ void add_rms_norm(const T *x, const T *residual, const T *w, float eps, T *sum, 
    gate_up product), out [Tn, I]: SiLU is x / (1 + e^-x) in fp32, rounded to T, then the
    product rounded, as torch's silu and mul round. */
 void silu_mul(const T *gu, T *out, int64_t Tn, int64_t I) {
+    const int nt = threads_for(Tn * 2 * I, Tn);
+    #pragma omp parallel for num_threads(nt) if(nt > 1) schedule(static)
     for (int64_t t = 0; t < Tn; t++) {
         const T *restrict g = gu + t * 2 * I, *restrict u = g + I;
         T *restrict y = out + t * I;
@@ -202,8 +220,10 @@ void silu_mul(const T *gu, T *out, int64_t Tn, int64_t I) {
 }
 
 void rms_norm(const T *x, const T *w, float eps, T *out, int64_t Tn, int64_t N) {
-    for (int64_t t = 0; t < Tn; t += R) norm_rows(x + t * N, w, eps, Tn - t < R ? Tn - t : R,
-                                                 N, out + t * N);
+    const int nt = threads_for(Tn * N, (Tn + R - 1) / R);
+    #pragma omp parallel for num_threads(nt) if(nt > 1) schedule(static)
+    for (int64_t t = 0; t < Tn; t += R)
+        norm_rows(x + t * N, w, eps, Tn - t < R ? Tn - t : R, N, out + t * N);
 }
 
 #undef sum_sq
