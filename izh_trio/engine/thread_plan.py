@@ -64,7 +64,10 @@ class StepTimes:
     runs, the other again for two steps every ``explore_every`` steps of the bucket while the
     two are within ``CLOSE`` of each other, every ``far_every`` once the other is well behind
     (the machine and the contexts change; the first step after a change of count is not
-    counted, so one step would teach nothing).
+    counted, so one step would teach nothing). A count that a bucket has only ever run right
+    after a change of count (a batch size seen once at the end of each wave of requests,
+    between steps of another bucket on the other count) learns from those steps, but for its
+    first: they are how it runs, and without them its tries would never end.
 
     A count's figure is the median of its last ``WINDOW`` steps, not a moving average: one
     slow step (a page fault, the frontend taking the core, a neighbour on the host) must not
@@ -74,6 +77,10 @@ class StepTimes:
     far_every: int = 256
     recent: dict[tuple[int, int], deque[float]] = attrs.field(factory=dict)
     steps: dict[int, int] = attrs.field(factory=dict)
+    #: (bucket, count) pairs with a step counted that followed one of the same count
+    settled: set[tuple[int, int]] = attrs.field(factory=set)
+    #: pairs whose first step after a change of count was left out
+    skipped: set[tuple[int, int]] = attrs.field(factory=set)
 
     SAMPLES = 3
     WINDOW = 7
@@ -94,8 +101,16 @@ class StepTimes:
             self.far_every
         return other if n % every < 2 else best
 
-    def observe(self, bucket: int, count: int, seconds: float) -> None:
-        self.recent.setdefault((bucket, count), deque(maxlen=self.WINDOW)).append(seconds)
+    def observe(self, bucket: int, count: int, seconds: float, switched: bool = False) -> None:
+        """A decode step's duration; ``switched``: the first on ``count`` after a step on
+        another (threads waking, caches cold)."""
+        key = (bucket, count)
+        if switched and (key in self.settled or key not in self.skipped):
+            self.skipped.add(key)
+            return
+        if not switched:
+            self.settled.add(key)
+        self.recent.setdefault(key, deque(maxlen=self.WINDOW)).append(seconds)
 
 
 @attrs.define
@@ -128,10 +143,10 @@ class ThreadPlan:
 
     def observe(self, batch: list[ScheduledSeq], threads: int, seconds: float,
                 switched: bool) -> None:
-        """A step's duration: decode-only steps on an idle machine teach ``choose``, but for
-        the first after a change of count (``switched``: threads waking, caches cold)."""
-        if self.spread and not switched and all(item.num_new_tokens == 1 for item in batch):
-            self.times.observe(_bucket(batch), threads, seconds)
+        """A step's duration: decode-only steps on an idle machine teach ``choose``
+        (``StepTimes.observe`` says which of those after a change of count, ``switched``)."""
+        if self.spread and all(item.num_new_tokens == 1 for item in batch):
+            self.times.observe(_bucket(batch), threads, seconds, switched)
 
     def _spread_decode(self) -> bool:
         if self.load is None:

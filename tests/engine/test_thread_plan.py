@@ -172,6 +172,36 @@ def test_one_slow_step_does_not_hand_over_the_bucket() -> None:
     assert times.choose(1, (1, 2)) == 1
 
 
+def test_a_batch_size_met_only_after_a_change_of_count_still_learns() -> None:
+    """Waves of eight streams that end a step apart: each wave is eight-sequence steps, then
+    one seven-sequence step (another bucket), which on one thread always follows a
+    two-thread step. Its first such step teaches nothing, the later ones do, so the bucket
+    ends its tries and settles on the faster count instead of trying one thread forever."""
+    plan = ThreadPlan(1, 2)
+    plan.spread = True  # an idle machine: decode steps choose their count
+    times = plan.times
+    speed = {8: {1: 0.080, 2: 0.045}, 7: {1: 0.065, 2: 0.042}}
+    now, seven = 0, []
+
+    def step(rows: int) -> int:
+        nonlocal now
+        batch = [ScheduledSeq(Sequence(f"d{i}", [1, 2], SamplingParams(), frozenset()), 1)
+                 for i in range(rows)]
+        count = times.choose(rows.bit_length(), (1, 2))
+        plan.observe(batch, count, speed[rows][count], switched=count != now)
+        now = count
+        return count
+
+    for _ in range(12):
+        for _ in range(20):
+            step(8)
+        seven.append(step(7))
+    assert seven[:4] == [1] * 4  # the first left out, then three samples
+    assert seven[4:7] == [2] * 3  # no change of count from the eight-sequence steps
+    assert seven[7:] == [2] * 5
+    assert len(times.recent[3, 1]) == StepTimes.SAMPLES
+
+
 def test_only_decode_steps_on_an_idle_machine_teach_the_times() -> None:
     plan = ThreadPlan(1, 2)
     decode = [ScheduledSeq(Sequence("d", [1, 2], SamplingParams(), frozenset()), 1)]
