@@ -102,7 +102,8 @@ INLINE void step(__m512 acc[][2], const void *xt, const void *block, int64_t k, 
 /* What a pass prefetches of W while it goes. */
 typedef enum {
     AHEAD_NONE,   /* nothing: a later pass over a chunk already fetched */
-    AHEAD_CHUNK,  /* the chunk after this one: the first of several passes over a block */
+    AHEAD_CHUNK,  /* the chunk after this one, into L2: the first of several passes over a
+                     block */
     AHEAD_STREAM  /* PF_BYTES ahead from PF_ROWS rows: a lone pass, which streams W */
 } Ahead;
 
@@ -155,7 +156,7 @@ INLINE void pass(const void *xt, const void *block, int64_t k0, int64_t k1, int 
     const int g = bf16 ? 2 : 1;  /* columns a step takes */
     const char *w = (const char *)block;
     const int64_t size = bf16 ? 2 : 4;
-    const int64_t span = ahead == AHEAD_CHUNK ? (k1 - k0) * NB * size : PF_BYTES;
+    const int64_t chunk = (k1 - k0) * NB * size;  /* bytes of this pass's chunk */
     if (ahead == AHEAD_STREAM && MB >= PF_L2_ROWS) {
         /* enough rows that the arithmetic no longer hides the misses L1 keeps in flight:
            into L2, from further ahead (tools/bench/results/cpu-kernels.md) */
@@ -164,10 +165,18 @@ INLINE void pass(const void *xt, const void *block, int64_t k0, int64_t k1, int 
             _mm_prefetch(w + k * NB * size + PF_L2_BYTES + 64, _MM_HINT_T1);
             step(acc, xt, block, k, MB, bf16);
         }
-    } else if (ahead == AHEAD_CHUNK || (ahead == AHEAD_STREAM && MB >= PF_ROWS)) {
+    } else if (ahead == AHEAD_CHUNK) {
+        /* into L2: in L1 the next chunk would evict this one and the rows' columns, which
+           the later passes over it read (tools/bench/results/cpu-kernels.md) */
         for (int64_t k = k0; k < k1; k += g) {
-            _mm_prefetch(w + k * NB * size + span, _MM_HINT_T0);
-            _mm_prefetch(w + k * NB * size + span + 64, _MM_HINT_T0);
+            _mm_prefetch(w + k * NB * size + chunk, _MM_HINT_T1);
+            _mm_prefetch(w + k * NB * size + chunk + 64, _MM_HINT_T1);
+            step(acc, xt, block, k, MB, bf16);
+        }
+    } else if (ahead == AHEAD_STREAM && MB >= PF_ROWS) {
+        for (int64_t k = k0; k < k1; k += g) {
+            _mm_prefetch(w + k * NB * size + PF_BYTES, _MM_HINT_T0);
+            _mm_prefetch(w + k * NB * size + PF_BYTES + 64, _MM_HINT_T0);
             step(acc, xt, block, k, MB, bf16);
         }
     } else {  /* a lone row streams faster on the hardware's prefetcher alone */
