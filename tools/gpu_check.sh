@@ -31,7 +31,7 @@
 #
 #   python3 -m pip install --no-index --find-links wheelhouse <missing distributions>
 #
-# The project itself is not installed there: PYTHONPATH=<checkout> makes izh_trio and kernels
+# The project itself is not installed there: PYTHONPATH=<checkout> makes izh_trio (and its kernels)
 # importable, and `python3 -m izh_trio serve` stands in for the `izh-trio` console script.
 set -uo pipefail
 

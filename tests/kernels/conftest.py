@@ -1,7 +1,7 @@
 """Kernel tests run on the GPU when there is one, else in Triton's interpreter on the CPU.
 
 ``TRITON_INTERPRET`` is read when a kernel is decorated, so it is set here, before any test
-module imports ``kernels`` (and with it triton).
+module imports ``izh_trio.kernels`` (and with it triton).
 """
 
 from __future__ import annotations

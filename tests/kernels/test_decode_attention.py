@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import decode_attention, decode_attention_ref, default_num_splits
+from izh_trio.kernels import decode_attention, decode_attention_ref, default_num_splits
 from tests.kernels._paged import DTYPES, assert_close, block_tables, random_cache
 
 HEAD_DIM, H_KV = 32, 2

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import store_kv, store_kv_ref
+from izh_trio.kernels import store_kv, store_kv_ref
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

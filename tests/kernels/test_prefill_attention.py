@@ -5,7 +5,7 @@ import itertools
 import pytest
 import torch
 
-from kernels import prefill_attention, prefill_attention_ref
+from izh_trio.kernels import prefill_attention, prefill_attention_ref
 from tests.kernels._paged import DTYPES, assert_close, block_tables, random_cache
 
 HEAD_DIM, H_KV = 16, 2

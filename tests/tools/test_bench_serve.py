@@ -150,8 +150,9 @@ def test_https_is_refused_clearly() -> None:
 def test_summary_arithmetic() -> None:
     """TPOT, ITL and peaks from hand-made outcomes, without a server."""
     client, metrics = tool("client"), tool("metrics")
-    ok = client.Outcome(ok=True, start=0.0, end=1.0, ttft=0.2, chunk_times=[0.2, 0.6, 1.0],
-                        prompt_tokens=10, output_tokens=5)
+    # three events in the first read: one arrival, no inter-token latencies of 0
+    ok = client.Outcome(ok=True, start=0.0, end=1.0, ttft=0.2,
+                        chunk_times=[0.2, 0.2, 0.2, 0.6, 1.0], prompt_tokens=10, output_tokens=5)
     bad = client.Outcome(error="HTTP 500: boom")
     p = metrics.summarize([ok, bad], duration=2.0)
     assert (p["completed"], p["failed"], p["errors"]) == (1, 1, ["HTTP 500: boom"])

@@ -47,8 +47,10 @@ class Outcome:
 
     @property
     def itls(self) -> list[float]:
+        """Gaps between arrivals: events that came in one read (one timestamp) reached the
+        user together, so the gaps inside such a burst are not inter-token latencies of 0."""
         t = self.chunk_times
-        return [b - a for a, b in itertools.pairwise(t)]
+        return [b - a for a, b in itertools.pairwise(t) if b > a]
 
     @property
     def tpot(self) -> float | None:
