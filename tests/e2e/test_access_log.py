@@ -69,7 +69,8 @@ PARSERS: dict[str, Callable[[str], Line | None]] = {"text": _parse_text, "json":
 
 
 def access_lines(log: Path, fmt: str) -> list[Line]:
-    lines = log.read_text().splitlines()
+    # The server may be mid-write: what follows the last newline is not a line yet.
+    lines = log.read_text().split("\n")[:-1]
     return [parsed for line in lines if (parsed := PARSERS[fmt](line)) is not None]
 
 
