@@ -19,10 +19,11 @@ then ``weight * that``), so only the order of the sum of squares differs: fp32 l
 with Hugging Face's as before. In bf16 the arithmetic is fp32 too, and every value torch's
 bf16 ops would round (the normed row before the weight's product, each RoPE product and sum,
 the residual add) is rounded to bf16 at the same point. Plain loops that the compiler
-vectorises. A call over many rows (a prefill's, ``PARALLEL_MIN_VALUES``) splits them
-between torch's threads: the library is built with ``-fopenmp`` and binds to the OpenMP
-runtime torch loaded, as ``cpu_attention`` does; each row is computed as on one thread, so the
-results do not depend on the count. A decode step's few rows stay on the calling thread. The C
+vectorises. A call over enough values (``PARALLEL_MIN_VALUES``: a prefill's rows, or eight
+decode rows of a 1,024-wide model) splits its rows between torch's threads: the library is
+built with ``-fopenmp`` and binds to the OpenMP runtime torch loaded, as ``cpu_attention``
+does; each row is computed as on one thread, so the results do not depend on the count. A
+row or two stays on the calling thread. The C
 source is ``csrc/cpu_fused.c``, built once per machine (``cbuild``).
 These functions only run kernels: the torch ops they replace live in one place, the model
 (``models/``), whose CPU twins call them instead, swapped in once at load (fp32 or bf16 on
@@ -54,8 +55,9 @@ _KERNEL = cbuild.Kernel(
 #: The dtypes the kernels take.
 DTYPES = (torch.float32, torch.bfloat16)
 #: Values a call reads from which its rows are split between torch's threads
-#: (``PARALLEL_MIN`` in the C source); below, one thread.
-PARALLEL_MIN_VALUES = 1 << 16
+#: (``PARALLEL_MIN`` in the C source); below, one thread. A decode step of eight rows of
+#: Qwen3-0.6B's shape is past it (tools/bench/results/cpu-kernels.md).
+PARALLEL_MIN_VALUES = 1 << 13
 
 
 def available() -> bool:
