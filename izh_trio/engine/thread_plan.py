@@ -61,10 +61,14 @@ def _bucket(batch: list[ScheduledSeq]) -> int:
 class StepTimes:
     """Decode steps' durations per batch bucket and thread count, and which count to run a
     bucket's next step on: each is tried until it has ``SAMPLES`` figures, then the faster
-    runs, the other again for two steps every ``explore_every`` steps of the bucket while the
-    two are within ``CLOSE`` of each other, every ``far_every`` once the other is well behind
-    (the machine and the contexts change; the first step after a change of count is not
-    counted, so one step would teach nothing). A count that a bucket has only ever run right
+    runs, and the other is measured afresh once its figures are ``explore_every`` steps of
+    the bucket old while the two are within ``CLOSE`` of each other, ``far_every`` once the
+    other is well behind (the machine and the contexts change): they are dropped and it runs
+    until it has ``SAMPLES`` new ones (the first step after a change of count is not counted,
+    so one step would teach nothing). Topping its window up by a step a visit instead kept a
+    count whose figures came from a slow stretch (four steps of a neighbour's burst) behind
+    for four visits, a minute of a 0.6B model decoding on one thread of two. A count that a
+    bucket has only ever run right
     after a change of count (a batch size seen once at the end of each wave of requests,
     between steps of another bucket on the other count) learns from those steps, but for its
     first: they are how it runs, and without them its tries would never end.
@@ -81,6 +85,8 @@ class StepTimes:
     settled: set[tuple[int, int]] = attrs.field(factory=set)
     #: pairs whose first step after a change of count was left out
     skipped: set[tuple[int, int]] = attrs.field(factory=set)
+    #: the bucket's step at which each (bucket, count) pair's last figure was taken
+    measured: dict[tuple[int, int], int] = attrs.field(factory=dict)
 
     SAMPLES = 3
     WINDOW = 7
@@ -99,7 +105,10 @@ class StepTimes:
         best, other = sorted(counts, key=figure.__getitem__)[:2]
         every = self.explore_every if figure[other] < self.CLOSE * figure[best] else \
             self.far_every
-        return other if n % every < 2 else best
+        if n - self.measured.get((bucket, other), 0) >= every:  # its figures are that old
+            del self.recent[bucket, other]  # the loop above runs it until it has SAMPLES
+            return other
+        return best
 
     def observe(self, bucket: int, count: int, seconds: float, switched: bool = False) -> None:
         """A decode step's duration; ``switched``: the first on ``count`` after a step on
@@ -111,6 +120,7 @@ class StepTimes:
         if not switched:
             self.settled.add(key)
         self.recent.setdefault(key, deque(maxlen=self.WINDOW)).append(seconds)
+        self.measured[key] = self.steps.get(bucket, 0)
 
 
 @attrs.define

@@ -131,8 +131,8 @@ def test_decode_may_spread_on_an_idle_machine_and_leaves_a_core_to_a_busy_one(
 
 
 def test_step_times_pick_the_faster_count_per_batch_size() -> None:
-    """Fed directly (every step counted): the tries, then the faster with explorations,
-    rarer once the other is far behind."""
+    """Fed directly (every step counted): the tries, then the faster with explorations (the
+    other measured afresh: three steps), rarer once the other is far behind."""
     times = StepTimes(explore_every=10, far_every=20)
     speed = {1: 0.050, 2: 0.055}  # one thread a little faster
     chosen = []
@@ -141,8 +141,8 @@ def test_step_times_pick_the_faster_count_per_batch_size() -> None:
         times.observe(1, count, speed[count])
         chosen.append(count)
     assert chosen[:6] == [1, 1, 1, 2, 2, 2]  # each tried until it has its samples
-    # then the faster, the slower for two steps every 10th (one is the switch, not counted)
-    assert chosen[6:].count(2) == 7
+    # then the faster; the slower once its figures are 10 steps old, until it has three new
+    assert chosen[6:] == [1] * 9 + [2] * 3 + [1] * 9 + [2] * 3 + [1] * 9 + [2]
     # Another batch size learns on its own, and the machine may change its mind; the other
     # count, 1.6x slower there, is re-tried every 20th step only.
     speed = {1: 0.144, 2: 0.090}
@@ -151,9 +151,15 @@ def test_step_times_pick_the_faster_count_per_batch_size() -> None:
         count = times.choose(4, (1, 2))
         times.observe(4, count, speed[count])
         chosen.append(count)
-    assert chosen[6:].count(1) == 4  # its 20th, 21st, 40th and 41st steps
-    # its 41st step ends an exploration (40, 41), 42-49 run the faster again
-    assert [times.choose(1, (1, 2)) for _ in range(9)] == [2] + [1] * 8
+    assert chosen[6:].count(1) == 4  # its 23rd-25th and 45th steps
+    # the first bucket's 40th step began an exploration: 41 and 42 end it, 43-49 run the
+    # faster again
+    chosen = []
+    for _ in range(9):
+        count = times.choose(1, (1, 2))
+        times.observe(1, count, {1: 0.050, 2: 0.055}[count])
+        chosen.append(count)
+    assert chosen == [2] * 2 + [1] * 7
 
 
 def test_one_slow_step_does_not_hand_over_the_bucket() -> None:
@@ -170,6 +176,29 @@ def test_one_slow_step_does_not_hand_over_the_bucket() -> None:
     for _ in range(StepTimes.WINDOW // 2 + 1):  # two threads got slower for good
         times.observe(1, 2, 0.080)
     assert times.choose(1, (1, 2)) == 1
+
+
+def test_a_slow_stretch_is_forgotten_at_the_next_exploration() -> None:
+    """Four slow steps in a row on two threads (a neighbour's burst on the host) fill most of
+    their window and hand the bucket to one thread, the slower as soon as the burst is over.
+    At two threads' next exploration their figures are measured afresh, not topped up by a
+    step, so they take the bucket back then, not four explorations later."""
+    times = StepTimes(explore_every=16, far_every=32)
+    speed = {1: 0.056, 2: 0.046}
+    for _ in range(10):
+        count = times.choose(4, (1, 2))
+        times.observe(4, count, speed[count])
+    for slow in (0.131, 0.116, 0.082, 0.082):
+        assert times.choose(4, (1, 2)) == 2
+        times.observe(4, 2, slow)
+    chosen = []
+    for _ in range(40):  # the bucket's steps 15 to 54
+        count = times.choose(4, (1, 2))
+        times.observe(4, count, speed[count])
+        chosen.append(count)
+    # one thread from step 15; two again from step 46 on, when their figures are 32 steps
+    # old (the first far exploration)
+    assert chosen == [1] * 31 + [2] * 9
 
 
 def test_a_batch_size_met_only_after_a_change_of_count_still_learns() -> None:
