@@ -66,12 +66,12 @@ class StepTimes:
     other is well behind (the machine and the contexts change): they are dropped and it runs
     until it has ``SAMPLES`` new ones (the first step after a change of count is not counted,
     so one step would teach nothing). Topping its window up by a step a visit instead kept a
-    count whose figures came from a slow stretch (four steps of a neighbour's burst) behind
-    for four visits, a minute of a 0.6B model decoding on one thread of two. A count that a
-    bucket has only ever run right
-    after a change of count (a batch size seen once at the end of each wave of requests,
-    between steps of another bucket on the other count) learns from those steps, but for its
-    first: they are how it runs, and without them its tries would never end.
+    count whose figures came from a slow stretch (four slow steps in a row) behind for four
+    visits, a minute of a 0.6B model decoding on one thread of two. A count that a bucket
+    has only ever run right after a change of count (a batch size seen once at the end of
+    each wave of requests, between steps of another bucket on the other count) learns from
+    those steps, but for its first: they are how it runs, and without them its tries would
+    never end.
 
     A count's figure is the median of its last ``WINDOW`` steps, not a moving average: one
     slow step (a page fault, the frontend taking the core, a neighbour on the host) must not

@@ -179,7 +179,7 @@ def test_one_slow_step_does_not_hand_over_the_bucket() -> None:
 
 
 def test_a_slow_stretch_is_forgotten_at_the_next_exploration() -> None:
-    """Four slow steps in a row on two threads (a neighbour's burst on the host) fill most of
+    """Four slow steps in a row on two threads (something else took the machine) fill most of
     their window and hand the bucket to one thread, the slower as soon as the burst is over.
     At two threads' next exploration their figures are measured afresh, not topped up by a
     step, so they take the bucket back then, not four explorations later."""
