@@ -23,8 +23,8 @@ vectorises. A call over enough values (``PARALLEL_MIN_VALUES``: a prefill's rows
 decode rows of a 1,024-wide model) splits its rows between torch's threads: the library is
 built with ``-fopenmp`` and binds to the OpenMP runtime torch loaded, as ``cpu_attention``
 does; each row is computed as on one thread, so the results do not depend on the count. A
-row or two stays on the calling thread. The C
-source is ``csrc/cpu_fused.c``, built once per machine (``cbuild``).
+lone row (a single stream's step) stays on the calling thread. The C source is
+``csrc/cpu_fused.c``, built once per machine (``cbuild``).
 These functions only run kernels: the torch ops they replace live in one place, the model
 (``models/``), whose CPU twins call them instead, swapped in once at load (fp32 or bf16 on
 CPU, the library built, not ``IZH_CPU_FUSED=0``: ``CausalLM.use_cpu_twins``).

@@ -15,9 +15,10 @@
 #include <string.h>
 #define INLINE static inline __attribute__((always_inline))
 
-/* Values a call reads before its rows are split between threads: a row or two stay on the
-   calling thread, where waking another costs about what it would save; eight rows of a
-   1,024-wide model take half the time on two (cpu_fused.PARALLEL_MIN_VALUES). */
+/* Values a call reads before its rows are split between threads (rows are the unit, so a
+   lone row stays on the calling thread): below it, waking another costs about what it would
+   save; eight rows of a 1,024-wide model take ~0.6 of the time on two
+   (cpu_fused.PARALLEL_MIN_VALUES). */
 enum { PARALLEL_MIN = 1 << 13 };
 
 INLINE int threads_for(int64_t values, int64_t rows) {
