@@ -132,6 +132,13 @@ class Kernel:
         if lib is None:
             return False
         for function, (restype, argtypes) in self.signatures.items():
+            if not hasattr(lib, function):  # an optional entry this compiler left out
+                continue
             getattr(lib, function).restype = restype
             getattr(lib, function).argtypes = list(argtypes)
         return lib
+
+    def has(self, function: str) -> bool:
+        """Whether the loaded library has ``function`` (some entries depend on what the
+        compiler supports, fp16's on a ``_Float16`` type); only after ``available()``."""
+        return hasattr(self.lib, function)

@@ -1,4 +1,4 @@
-"""Paged decode attention on CPU, reading K/V in place from the paged cache (fp32 or bf16).
+"""Paged decode attention on CPU, reading K/V in place from the paged cache (fp32, bf16 or fp16).
 
 The torch path gathers every decoding sequence's K/V out of the cache in every layer, then
 runs SDPA on the copy: at 256 sequences that copy is most of a step (memory-bound). This C
@@ -15,8 +15,8 @@ uses the threads the engine's thread plan gives torch, no more); a batch with li
 stays on one. The C source is ``csrc/cpu_attention.c``, compiled once
 per machine with the system C compiler (``cbuild``: cached, under a lock); with no compiler, or
 for other dtypes, the engine keeps torch's path. A bf16 cache is widened to fp32 as it is
-loaded (a shift: bf16 is the upper half of an fp32), and everything after it is fp32: half the
-bytes to read, the same arithmetic.
+loaded (a shift: bf16 is the upper half of an fp32), an fp16 one by F16C's conversion, and
+everything after it is fp32: half the bytes to read, the same arithmetic.
 """
 
 from __future__ import annotations
@@ -30,13 +30,16 @@ from izh_trio.engine import cbuild
 #: ``csrc/cpu_attention.c``, built on the first ``available()``.
 _KERNEL = cbuild.Kernel(
     "cpu_attention", label="CPU attention kernel", switch="IZH_CPU_ATTENTION",
-    signatures=dict.fromkeys(("paged_decode", "paged_decode_bf16"),
+    signatures=dict.fromkeys(("paged_decode", "paged_decode_bf16", "paged_decode_f16"),
                              (None, [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6
                               + [ctypes.c_float])),
     extra_flags=("-fopenmp",))
 
-#: The cache dtypes the kernel reads.
-DTYPES = (torch.float32, torch.bfloat16)
+#: The cache dtypes the kernel is written for (``serves`` says which this build reads); fp16's
+#: entry needs a compiler with ``_Float16``.
+_ENTRY = {torch.float32: "paged_decode", torch.bfloat16: "paged_decode_bf16",
+          torch.float16: "paged_decode_f16"}
+DTYPES = tuple(_ENTRY)
 
 
 def available() -> bool:
@@ -45,18 +48,24 @@ def available() -> bool:
     return _KERNEL.available()
 
 
+def serves(dtype: torch.dtype) -> bool:
+    """Whether the kernel is built and reads a ``dtype`` cache."""
+    return dtype in _ENTRY and available() and _KERNEL.has(_ENTRY[dtype])
+
+
 def entry(dtype: torch.dtype) -> int:
     """The kernel's address for a ``dtype`` cache (q and output fp32), for C code that calls
     it itself (``models/cpu_decode.py``); only after ``available()`` said True."""
-    return _KERNEL.address("paged_decode" if dtype == torch.float32 else "paged_decode_bf16")
+    assert serves(dtype)
+    return _KERNEL.address(_ENTRY[dtype])
 
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  tables: torch.Tensor, context_lens: torch.Tensor, scale: float
                  ) -> torch.Tensor:
-    """q: [B, H_q, D]; caches [NB, BS, H_kv, D] fp32 or bf16; tables [B, W] and lens [B]
+    """q: [B, H_q, D]; caches [NB, BS, H_kv, D] fp32, bf16 or fp16; tables [B, W] and lens [B]
     int64. The result is in q's dtype (the kernel's q and output are fp32)."""
-    assert available() and k_cache.dtype == v_cache.dtype and k_cache.dtype in DTYPES
+    assert k_cache.dtype == v_cache.dtype and serves(k_cache.dtype)
     assert tables.dtype == context_lens.dtype == torch.int64 and q.shape[1] % k_cache.shape[2] == 0
     assert k_cache.is_contiguous() and v_cache.is_contiguous()
     dtype = q.dtype
@@ -65,8 +74,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     out = torch.empty_like(q)
     b, h_q, d = q.shape
     _, bs, h_kv, _ = k_cache.shape
-    kernel = (_KERNEL.lib.paged_decode if k_cache.dtype == torch.float32
-              else _KERNEL.lib.paged_decode_bf16)
+    kernel = getattr(_KERNEL.lib, _ENTRY[k_cache.dtype])
     kernel(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
            context_lens.data_ptr(), out.data_ptr(), b, h_q, h_kv, d, bs, tables.shape[1], scale)
     return out.to(dtype)

@@ -1,4 +1,4 @@
-"""A decoder layer's elementwise ops in fp32 or bf16 on CPU, fused into four compiled C loops.
+"""A decoder layer's elementwise ops in fp32, bf16 or fp16 on CPU, fused into four compiled C loops.
 
 Between its GEMMs, a Qwen3 layer runs some sixty small torch ops: RMSNorm is six (square,
 mean, add, rsqrt, multiply, multiply), RoPE six more for q and again for k, two
@@ -18,7 +18,8 @@ rounds a product; the mean is the sum over ``n``, then ``1 / sqrt(mean + eps)``,
 then ``weight * that``), so only the order of the sum of squares differs: fp32 logits agree
 with Hugging Face's as before. In bf16 the arithmetic is fp32 too, and every value torch's
 bf16 ops would round (the normed row before the weight's product, each RoPE product and sum,
-the residual add) is rounded to bf16 at the same point. Plain loops that the compiler
+the residual add) is rounded to bf16 at the same point; fp16 likewise (its entries need a
+compiler with ``_Float16``: GCC 12+ or clang). Plain loops that the compiler
 vectorises. A call over enough values (``PARALLEL_MIN_VALUES``: a prefill's rows, or eight
 decode rows of a 1,024-wide model) splits its rows between torch's threads: the library is
 built with ``-fopenmp`` and binds to the OpenMP runtime torch loaded, as ``cpu_attention``
@@ -26,8 +27,8 @@ does; each row is computed as on one thread, so the results do not depend on the
 lone row (a single stream's step) stays on the calling thread. The C source is
 ``csrc/cpu_fused.c``, built once per machine (``cbuild``).
 These functions only run kernels: the torch ops they replace live in one place, the model
-(``models/``), whose CPU twins call them instead, swapped in once at load (fp32 or bf16 on
-CPU, the library built, not ``IZH_CPU_FUSED=0``: ``CausalLM.use_cpu_twins``).
+(``models/``), whose CPU twins call them instead, swapped in once at load (a dtype the
+library serves: ``serves``, not ``IZH_CPU_FUSED=0``: ``CausalLM.use_cpu_twins``).
 """
 
 from __future__ import annotations
@@ -46,14 +47,17 @@ _SIGNATURES = {"qk_norm_rope_store": (_I, [_P, _P, _P, _F, _P, _P, _P, _P, _P, _
                "rms_norm": (None, [_P, _P, _F, _P, _I, _I]),
                "silu_mul": (None, [_P, _P, _I, _I])}
 #: ``csrc/cpu_fused.c``, built on the first ``available()``; every product rounded as torch
-#: rounds it (no FMA contraction). Each kernel has an fp32 and a ``_bf16`` entry.
+#: rounds it (no FMA contraction). Each kernel has an fp32, a ``_bf16`` and (where the
+#: compiler has ``_Float16``) an ``_f16`` entry.
+_SUFFIX = {torch.float32: "", torch.bfloat16: "_bf16", torch.float16: "_f16"}
 _KERNEL = cbuild.Kernel(
     "cpu_fused", label="CPU fused kernels", switch="IZH_CPU_FUSED",
-    signatures={**_SIGNATURES, **{f"{name}_bf16": sig for name, sig in _SIGNATURES.items()}},
+    signatures={f"{name}{suffix}": sig for name, sig in _SIGNATURES.items()
+                for suffix in _SUFFIX.values()},
     extra_flags=("-ffp-contract=off", "-fopenmp"))
 
-#: The dtypes the kernels take.
-DTYPES = (torch.float32, torch.bfloat16)
+#: The dtypes the kernels are written for (``serves`` says which this build has).
+DTYPES = tuple(_SUFFIX)
 #: Values a call reads from which its rows are split between torch's threads
 #: (``PARALLEL_MIN`` in the C source); below, one thread. A decode step of eight rows of
 #: Qwen3-0.6B's shape is past it (tools/bench/results/cpu-kernels.md).
@@ -66,19 +70,24 @@ def available() -> bool:
     return _KERNEL.available()
 
 
+def serves(dtype: torch.dtype) -> bool:
+    """Whether the kernels are built and have entries for ``dtype``."""
+    return dtype in _SUFFIX and available() and _KERNEL.has(f"rms_norm{_SUFFIX[dtype]}")
+
+
 def _kernel(name: str, x: torch.Tensor, *others: torch.Tensor) -> Any:
     """The kernel ``name`` for ``x``'s dtype, which the call's other tensors share, on CPU
     with the library built."""
-    assert x.dtype in DTYPES and x.is_cpu and available(), "not a tensor for the kernels"
+    assert x.is_cpu and serves(x.dtype), "not a tensor for the kernels"
     assert all(t.dtype == x.dtype and t.is_contiguous() for t in (x, *others))
-    return getattr(_KERNEL.lib, name if x.dtype == torch.float32 else f"{name}_bf16")
+    return getattr(_KERNEL.lib, f"{name}{_SUFFIX[x.dtype]}")
 
 
 def entry(name: str, dtype: torch.dtype) -> int:
     """The address of kernel ``name`` for ``dtype``, for C code that calls it itself
     (``models/cpu_decode.py``); only after ``available()`` said True."""
-    assert dtype in DTYPES
-    return _KERNEL.address(name if dtype == torch.float32 else f"{name}_bf16")
+    assert serves(dtype)
+    return _KERNEL.address(f"{name}{_SUFFIX[dtype]}")
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

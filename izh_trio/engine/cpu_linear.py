@@ -36,7 +36,9 @@ log = logging.getLogger(__name__)
 
 
 def _packable_dtypes() -> tuple[torch.dtype, ...]:
-    """fp32 always; bf16 only where oneDNN has native bf16 kernels (else it emulates them)."""
+    """What oneDNN packs: fp32 always; bf16 only where oneDNN has native bf16 kernels (else
+    it emulates them). fp16 never: on a CPU without fp16 arithmetic it would emulate that too,
+    so fp16 linears go to the blocked kernel alone."""
     return (torch.float32, torch.bfloat16) if cpu_has_native_bf16() else (torch.float32,)
 
 
@@ -86,14 +88,15 @@ def _pack(linear: nn.Linear) -> PackedLinear | None:
     return layer
 
 
-def _layer_for(linear: nn.Linear, blocked: nn.Module | None, two_copies: bool
-               ) -> nn.Module | None:
-    """What replaces ``linear``: its blocked copy alone in a large model; else oneDNN's
-    packed copy, with the blocked one (or, without it, the plain weight for one row) for a
-    decode step's few rows; None where neither can serve."""
-    if blocked is not None and not two_copies:
+def _layer_for(linear: nn.Linear, blocked: nn.Module | None, two_copies: bool,
+               onednn: bool = True) -> nn.Module | None:
+    """What replaces ``linear``: its blocked copy alone in a large model (or in a dtype
+    oneDNN does not pack: ``onednn`` False); else oneDNN's packed copy, with the blocked one
+    (or, without it, the plain weight for one row) for a decode step's few rows; None where
+    neither can serve."""
+    if blocked is not None and not (two_copies and onednn):
         return blocked
-    packed = _pack(linear)
+    packed = _pack(linear) if onednn else None
     if packed is None:
         return blocked
     if blocked is not None:
@@ -108,11 +111,11 @@ def pack_linears(model: nn.Module) -> int:
     if os.environ.get("IZH_ONEDNN_LINEAR", "1") == "0" or not torch.backends.mkldnn.is_available():
         return 0
     dtypes = _packable_dtypes()
+    own = {dtype for dtype in (*dtypes, torch.float16) if cpu_linear_blocked.available(dtype)}
     targets = [(name, module) for name, module in model.named_modules()
                if type(module) is nn.Linear and module.weight.device.type == "cpu"
-               and module.weight.dtype in dtypes]
+               and (module.weight.dtype in dtypes or module.weight.dtype in own)]
     two_copies = sum(m.weight.nbytes for _, m in targets) <= TWO_COPY_LIMIT
-    own = {dtype for dtype in dtypes if cpu_linear_blocked.available(dtype)}
     swapped = 0
     with torch.no_grad():
         for name, linear in targets:
@@ -123,7 +126,7 @@ def pack_linears(model: nn.Module) -> int:
                     log.warning("the blocked linear kernel disagrees with torch's on a probe "
                                 "in %s; using oneDNN's", linear.weight.dtype)
                     own.discard(linear.weight.dtype)
-            layer = _layer_for(linear, blocked, two_copies)
+            layer = _layer_for(linear, blocked, two_copies, linear.weight.dtype in dtypes)
             if layer is None:
                 return swapped  # the same build fails the same way for the rest
             parent_name, _, attr = name.rpartition(".")

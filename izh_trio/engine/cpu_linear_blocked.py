@@ -1,4 +1,4 @@
-"""fp32 and bf16 linear layers on CPU on a compiled kernel of our own, which reads each weight
+"""fp32, bf16 and fp16 linear layers on CPU on a compiled kernel of our own, which reads each weight
 once per step at close to the machine's memory rate.
 
 A decode step's linears are a read of the model's weights with a few rows to multiply. oneDNN's
@@ -8,8 +8,11 @@ quarter to a half slower than the read bound); this kernel (``csrc/cpu_linear_bl
 keeps each weight in a layout of its own, packed once at load, that every thread streams
 sequentially while up to eight rows are multiplied against it. At many rows (a prefill) it
 stays within a fifth or so of oneDNN's, so one copy of the weights serves both. fp32 needs
-AVX-512, bf16 AVX512-BF16. Measure with ``python -m tools.micro.bench_cpu_linear``; figures in
-``tools/bench/results/cpu-kernels.md``.
+AVX-512, bf16 AVX512-BF16, fp16 AVX-512 with F16C: CPUs without fp16 arithmetic (every
+AMD one, Intel's before Sapphire Rapids) widen its weights as they stream, so an fp16 model
+reads half of fp32's bytes with fp32's arithmetic, where torch's fp16 products on such a
+CPU run several times slower than fp32's. Measure with
+``python -m tools.micro.bench_cpu_linear``; figures in ``tools/bench/results/cpu-kernels.md``.
 
 The kernel runs on torch's own OpenMP runtime (compiled with ``-fopenmp``, it binds to the
 ``libgomp.so.1`` torch has loaded), so it uses the threads torch does, no more. It is trusted
@@ -32,7 +35,7 @@ _P, _I = ctypes.c_void_p, ctypes.c_int64
 _LINEAR = (ctypes.c_int, [_P, _P, _P, _P, _I, _I, _I, _P, _I])
 _KERNEL = cbuild.Kernel(
     "cpu_linear_blocked", label="CPU blocked linear kernel", switch="IZH_CPU_LINEAR_BLOCKED",
-    signatures={"linear_f32": _LINEAR, "linear_bf16": _LINEAR,
+    signatures={"linear_f32": _LINEAR, "linear_bf16": _LINEAR, "linear_f16": _LINEAR,
                 "supported": (ctypes.c_int, []), "max_threads": (ctypes.c_int, [])},
     extra_flags=("-fopenmp",))
 
@@ -42,14 +45,16 @@ BLOCK = 32
 #: once; past them, it is a little behind oneDNN's.
 ROWS_PER_PASS = 8
 #: What ``supported()`` sets for each dtype the kernel was built to serve on this CPU.
-_DTYPE_BITS = {torch.float32: 1, torch.bfloat16: 2}
+_DTYPE_BITS = {torch.float32: 1, torch.bfloat16: 2, torch.float16: 4}
+_ENTRY = {torch.float32: "linear_f32", torch.bfloat16: "linear_bf16",
+          torch.float16: "linear_f16"}
 
 _shares_torch_threads: bool | None = None
 
 
 def available(dtype: torch.dtype) -> bool:
-    """Whether the kernel serves ``dtype`` on this CPU (fp32: AVX-512; bf16: AVX512-BF16)
-    and runs on torch's threads."""
+    """Whether the kernel serves ``dtype`` on this CPU (fp32: AVX-512; bf16: AVX512-BF16;
+    fp16: AVX-512 and F16C) and runs on torch's threads."""
     global _shares_torch_threads
     bit = _DTYPE_BITS.get(dtype, 0)
     if not bit or not _KERNEL.available() or not _KERNEL.lib.supported() & bit:
@@ -70,12 +75,13 @@ def available(dtype: torch.dtype) -> bool:
 def entry(dtype: torch.dtype) -> int:
     """The kernel's address for ``dtype``, for C code that calls it itself
     (``models/cpu_decode.py``); only after ``available(dtype)`` said True."""
-    return _KERNEL.address("linear_bf16" if dtype == torch.bfloat16 else "linear_f32")
+    return _KERNEL.address(_ENTRY[dtype])
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
     """``weight`` [N, K] in the kernel's layout, zero-padded to whole blocks:
-    [N / BLOCK][K][BLOCK] in fp32, [N / BLOCK][K / 2][BLOCK][2] in bf16 (K padded even)."""
+    [N / BLOCK][K][BLOCK] in fp32 and fp16, [N / BLOCK][K / 2][BLOCK][2] in bf16 (K padded
+    even)."""
     n, k = weight.shape
     group = 2 if weight.dtype == torch.bfloat16 else 1
     padded = weight.new_zeros(-(-n // BLOCK) * BLOCK, -(-k // group) * group)
@@ -84,7 +90,7 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
 
 
 class BlockedLinear(nn.Module):
-    """``y = x @ W.T + b`` in fp32 or bf16 with ``W`` packed for the kernel (``pack``)."""
+    """``y = x @ W.T + b`` in fp32, bf16 or fp16 with ``W`` packed for the kernel (``pack``)."""
 
     def __init__(self, packed: torch.Tensor, bias: torch.Tensor | None, in_features: int,
                  out_features: int) -> None:
@@ -93,7 +99,7 @@ class BlockedLinear(nn.Module):
         self.packed, self.bias = packed, bias
         self.in_features, self.out_features = in_features, out_features
         lib = _KERNEL.lib
-        self._run = lib.linear_bf16 if packed.dtype == torch.bfloat16 else lib.linear_f32
+        self._run = getattr(lib, _ENTRY[packed.dtype])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         assert x.dtype == self.packed.dtype and x.shape[-1] == self.in_features
@@ -119,8 +125,8 @@ class BlockedLinear(nn.Module):
 
 
 def from_linear(linear: nn.Linear) -> BlockedLinear | None:
-    """``linear`` (fp32 or bf16, on CPU) on the kernel, or None where the kernel disagrees
-    with ``F.linear`` on a probe (then the caller keeps its own path)."""
+    """``linear`` (fp32, bf16 or fp16, on CPU) on the kernel, or None where the kernel
+    disagrees with ``F.linear`` on a probe (then the caller keeps its own path)."""
     weight = linear.weight.detach()
     bias = linear.bias.detach() if linear.bias is not None else None
     layer = BlockedLinear(pack(weight), bias, linear.in_features, linear.out_features)

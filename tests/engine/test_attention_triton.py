@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from izh_trio.engine import cpu_attention
 from izh_trio.engine.attention import (
     TORCH_BACKEND,
     ChunkSpec,
@@ -31,14 +32,14 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 def test_backend_selection() -> None:
     cpu, cuda, fp32 = torch.device("cpu"), torch.device("cuda"), torch.float32
-    assert get_backend("auto", cpu, torch.float16) is TORCH_BACKEND
+    assert get_backend("auto", cpu, torch.float64) is TORCH_BACKEND  # no kernel reads it
     assert get_backend("torch", cuda, fp32) is TORCH_BACKEND
     assert get_backend("auto", cuda, fp32).name == "triton"
     assert get_backend("triton", cpu, fp32).name == "triton"
-    # fp32 and bf16 on CPU: the compiled kernel where it builds, else plain torch
-    for dtype in (fp32, torch.bfloat16):
-        assert get_backend("auto", cpu, dtype).name == ("cpu" if cpu_kernel.available()
-                                                         else "torch")
+    # fp32, bf16 and fp16 on CPU: the compiled kernel where it builds, else plain torch
+    for dtype in (fp32, torch.bfloat16, torch.float16):
+        assert get_backend("auto", cpu, dtype).name == (
+            "cpu" if cpu_kernel.available() and cpu_attention.serves(dtype) else "torch")
     with pytest.raises(ValueError, match="unknown attention backend"):
         get_backend("flash", cpu, fp32)
     with pytest.raises(ValueError, match="attention_backend"):

@@ -97,7 +97,10 @@ def _portable_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
                                  input="", capture_output=True, text=True, check=True).stdout
         assert "__AVX512F__" not in defines
         lib = ctypes.CDLL(str(Path(so)))
-        for kernel in (lib.paged_decode, lib.paged_decode_bf16):
+        for name in cpu_attention._ENTRY.values():
+            if not hasattr(lib, name):  # fp16's, where the compiler has no _Float16
+                continue
+            kernel = getattr(lib, name)
             kernel.restype = None
             kernel.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float]
         _PORTABLE.append(lib)
@@ -118,7 +121,12 @@ def test_matches_reference(kernel_path: str, block_size: int, h_q: int, h_kv: in
     _check(q, k_cache, v_cache, tables, lens, head_dim**-0.5)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+needs_f16 = pytest.mark.skipif(not cpu_attention.serves(torch.float16),
+                               reason="this compiler has no _Float16: no fp16 kernel")
+HALF = [torch.bfloat16, pytest.param(torch.float16, marks=needs_f16)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, *HALF])
 def test_sequences_split_between_threads_as_on_one(kernel_path: str, dtype: torch.dtype
                                                    ) -> None:
     """Enough context to wake torch's other threads: each sequence is still computed whole
@@ -147,19 +155,20 @@ def test_sequences_split_between_threads_as_on_one(kernel_path: str, dtype: torc
 @pytest.mark.parametrize(("block_size", "h_q", "h_kv", "head_dim"),
                          [(16, 16, 8, 128), (16, 4, 2, 64), (8, 6, 3, 80), (32, 24, 1, 48),
                           (5, 32, 8, 128), (1, 8, 2, 64)])
-def test_a_bf16_cache_is_read_as_its_exact_fp32_values(kernel_path: str, block_size: int,
-                                                      h_q: int, h_kv: int,
-                                                      head_dim: int) -> None:
-    """A bf16 cache (a bf16 model's) is widened exactly: against the reference on the same
-    bf16 values, the fp32 tolerance holds; the answer is in q's dtype."""
+@pytest.mark.parametrize("dtype", HALF)
+def test_a_half_cache_is_read_as_its_exact_fp32_values(kernel_path: str, block_size: int,
+                                                      h_q: int, h_kv: int, head_dim: int,
+                                                      dtype: torch.dtype) -> None:
+    """A bf16 or fp16 cache (such a model's) is widened exactly: against the reference on
+    the same values, the fp32 tolerance holds; the answer is in q's dtype."""
     q, k_cache, v_cache, tables, lens = _case(block_size * 7 + h_q + head_dim, block_size, h_q,
                                               h_kv, head_dim, _lens(block_size), q_scale=4.0)
-    k_cache, v_cache = k_cache.bfloat16(), v_cache.bfloat16()
+    k_cache, v_cache = k_cache.to(dtype), v_cache.to(dtype)
     _check(q, k_cache, v_cache, tables, lens, head_dim**-0.5)
-    got = cpu_attention.paged_decode(q.bfloat16(), k_cache, v_cache, tables, lens,
+    got = cpu_attention.paged_decode(q.to(dtype), k_cache, v_cache, tables, lens,
                                      head_dim**-0.5)
-    want = _reference(q.bfloat16(), k_cache, v_cache, tables, lens, head_dim**-0.5)
-    assert got.dtype == torch.bfloat16
+    want = _reference(q.to(dtype), k_cache, v_cache, tables, lens, head_dim**-0.5)
+    assert got.dtype == dtype
     torch.testing.assert_close(got.double(), want, atol=1e-2, rtol=1e-2)
 
 

@@ -1,8 +1,9 @@
 """The decode steps' layers in one compiled call (``models/cpu_decode.py``) against the modules
 they chain, on checkpoints made by transformers: the same tokens and bitwise the same
-logprobs (so the same logits) for several sequences decoding together, in fp32 and bf16, for
-Qwen3 (q/k norms, head_dim 32 and 128) and Llama/Qwen2 (biases), with more rows than one
-pass of the linear kernel takes; and the models and steps it must leave to the modules."""
+logprobs (so the same logits) for several sequences decoding together, in fp32, bf16 and
+fp16, for Qwen3 (q/k norms, head_dim 32 and 128) and Llama/Qwen2 (biases), with more rows
+than one pass of the linear kernel takes; and the models and steps it must leave to the
+modules."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import attrs
 import pytest
 import torch
 
-from izh_trio.engine import cpu_linear, cpu_linear_blocked
+from izh_trio.engine import cpu_fused, cpu_linear, cpu_linear_blocked
 from izh_trio.engine.core import EngineCore
 from izh_trio.engine.models.base import DecoderStack
 from izh_trio.wire import AddRequest, EngineConfig, SamplingParams, TokenLogprobs
@@ -83,7 +84,10 @@ def qwen3_dirs(tmp_path_factory: pytest.TempPathFactory, tiny_dir: Path) -> dict
 
 
 DTYPES = ["float32", pytest.param("bfloat16", marks=pytest.mark.skipif(
-    not cpu_linear_blocked.available(torch.bfloat16), reason="no AVX512-BF16 here"))]
+    not cpu_linear_blocked.available(torch.bfloat16), reason="no AVX512-BF16 here")),
+          pytest.param("float16", marks=pytest.mark.skipif(
+              not (cpu_linear_blocked.available(torch.float16)
+                   and cpu_fused.serves(torch.float16)), reason="no F16C or no _Float16"))]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -29,11 +29,16 @@ pytestmark = pytest.mark.skipif(not cpu_fused.available(),
 RTOL, ATOL = 1e-6, 1e-6  # a few ulp on unit-scale values
 EPS = 1e-6
 #: In bf16 a different sum of squares may round a value to its neighbour (one bf16 ulp, 2^-8
-#: relative); nearly every value must be the very one torch's bf16 ops give.
+#: relative); nearly every value must be the very one torch's bf16 ops give. fp16 likewise
+#: (its ulp 2^-11).
 BF16_RTOL, BF16_SAME = 2**-7, 0.98
+HALF_RTOL = {torch.bfloat16: BF16_RTOL, torch.float16: 2**-10}
+needs_f16 = pytest.mark.skipif(not cpu_fused.serves(torch.float16),
+                               reason="this compiler has no _Float16: no fp16 kernels")
+HALF = [torch.bfloat16, pytest.param(torch.float16, marks=needs_f16)]
 
 
-@pytest.fixture(params=[torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.fixture(params=[torch.float32, *HALF], ids=["fp32", "bf16", "fp16"])
 def dtype(request: pytest.FixtureRequest) -> torch.dtype:
     return request.param
 
@@ -50,7 +55,8 @@ def _close(got: torch.Tensor, want: torch.Tensor) -> None:
     if got.dtype == torch.float32:
         torch.testing.assert_close(got, want, rtol=RTOL, atol=ATOL)
         return
-    torch.testing.assert_close(got.float(), want.float(), rtol=BF16_RTOL, atol=BF16_RTOL)
+    tol = HALF_RTOL[got.dtype]
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
     same = (got == want).float().mean().item()
     assert same >= BF16_SAME, f"only {same:.1%} of the values are torch's own"
 
@@ -128,7 +134,7 @@ def test_qk_norm_rope_store(tokens: int, h_q: int, h_kv: int, d: int,
     assert torch.equal(v_cache, want_v_cache)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, *HALF])
 @pytest.mark.parametrize("d", [64, 128, 32])
 def test_rope_store_without_norms_is_llamas(d: int, dtype: torch.dtype) -> None:
     """No norm weights (Llama's heads): q and k only rotated, bit for bit torch's RoPE in

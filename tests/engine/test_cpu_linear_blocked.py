@@ -1,7 +1,7 @@
 """The blocked linear kernel against the exact product of the same values: in fp32 within
-fp32 summation's bound, in bf16 one rounding from the fp32 sums, at any row count, thread
-count and shape (odd K, N off the block), with and without a bias; and how ``pack_linears``
-chooses it."""
+fp32 summation's bound, in bf16 and fp16 one rounding from the fp32 sums, at any row count,
+thread count and shape (odd K, N off the block), with and without a bias; and how
+``pack_linears`` chooses it."""
 
 from __future__ import annotations
 
@@ -18,12 +18,15 @@ needs_fp32 = pytest.mark.skipif(not cpu_linear_blocked.available(torch.float32),
                                 reason="no AVX-512 here (or no compiler): oneDNN's serves")
 needs_bf16 = pytest.mark.skipif(not cpu_linear_blocked.available(torch.bfloat16),
                                 reason="no AVX512-BF16 here (or no compiler): oneDNN's serves")
+needs_f16 = pytest.mark.skipif(not cpu_linear_blocked.available(torch.float16),
+                               reason="no AVX-512 with F16C here (or no compiler)")
 DTYPES = [pytest.param(torch.float32, marks=needs_fp32),
-          pytest.param(torch.bfloat16, marks=needs_bf16)]
+          pytest.param(torch.bfloat16, marks=needs_bf16),
+          pytest.param(torch.float16, marks=needs_f16)]
 
 
 def _exact(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    """The product of the bf16 values in float64, before any rounding."""
+    """The product of the bf16 or fp16 values in float64, before any rounding."""
     return F.linear(x.double(), w.double(), None if b is None else b.double())
 
 
@@ -48,10 +51,13 @@ def test_within_the_rounding_of_the_exact_product(dtype: torch.dtype, threads: i
             magnitude = x.double().abs() @ w.double().abs().T + (
                 0 if b is None else b.double().abs())
             # fp32 sums of k + 1 terms, one rounding each (2^-24 of the running sum at
-            # most); bf16 then rounds once more (2^-8 of the value)
+            # most); bf16 then rounds once more (2^-8 of the value), fp16 too (2^-11, or
+            # half its smallest subnormal, 2^-25)
             bound = (k + 1) * 2.0 ** -24 * magnitude * 1.01
             if dtype == torch.bfloat16:
                 bound = bound + exact.abs() * 2.0 ** -8
+            if dtype == torch.float16:
+                bound = bound + exact.abs() * 2.0 ** -11 + 2.0 ** -25
             err = (got.double() - exact).abs()
             assert bool((err <= bound + 1e-30).all()), float((err - bound).max())
             want = F.linear(x, w, b)  # oneDNN's: the same arithmetic, the sums reordered
@@ -80,6 +86,17 @@ def test_pack_linears_puts_a_large_model_on_the_kernel_alone(
     model = nn.Sequential(nn.Linear(64, 32), nn.Linear(32, 16)).to(dtype)
     assert pack_linears(model) == 2
     assert all(isinstance(m, BlockedLinear) for m in model)
+
+
+@needs_f16
+def test_fp16_takes_the_kernel_alone_at_any_size() -> None:
+    """oneDNN's fp16 is emulated on a CPU without fp16 arithmetic: even a small model (two
+    copies allowed) keeps the blocked copy alone, for every row count."""
+    model = nn.Sequential(nn.Linear(64, 32), nn.Linear(32, 16)).half()
+    assert pack_linears(model) == 2
+    assert all(isinstance(m, BlockedLinear) for m in model)
+    x = torch.randn(40, 64).half()
+    assert model(x).dtype == torch.float16 and model(x).shape == (40, 16)
 
 
 @needs_bf16

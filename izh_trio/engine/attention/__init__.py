@@ -45,6 +45,6 @@ def get_backend(name: str, device: torch.device, dtype: torch.dtype,
         from izh_trio.engine.attention.triton import TRITON_BACKEND  # imports triton itself
 
         return TRITON_BACKEND
-    if device.type == "cpu" and dtype in cpu_attention.DTYPES and cpu_kernel.available():
+    if device.type == "cpu" and cpu_kernel.available() and cpu_attention.serves(dtype):
         return cpu_kernel.CPU_KERNEL_BACKEND
     return TORCH_BACKEND

@@ -1,5 +1,6 @@
-/* Paged decode attention on CPU, reading K/V in place: paged_decode (an fp32 cache) and
-   paged_decode_bf16 (a bf16 one; q, scores, sums and out stay fp32). Built and called by
+/* Paged decode attention on CPU, reading K/V in place: paged_decode (an fp32 cache),
+   paged_decode_bf16 (a bf16 one) and paged_decode_f16 (an fp16 one, where the compiler has
+   _Float16); q, scores, sums and out stay fp32. Built and called by
    cpu_attention.py (its docstring tells the design). The kernel proper is written once, at
    the end of this file, which includes itself once per cache element type (KV_T). */
 #ifndef KV_T
@@ -118,6 +119,18 @@ INLINE float softmax(float *p, int64_t n, float *m, float *l) {
     _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16))
 #define KV_NAME(f) f##_bf16
 #include __FILE__  /* this file again (cbuild compiles it by its absolute path) */
+#undef KV_T
+#undef KV_F32
+#undef KV_LOAD
+#undef KV_NAME
+#if defined(__FLT16_MAX__) && (!defined(AVX512) || defined(__F16C__))
+/* an fp16 cache (the compiler's _Float16): widened by F16C's conversion as it is loaded */
+#define KV_T _Float16
+#define KV_F32(x) ((float)(x))
+#define KV_LOAD(m, p) _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p))
+#define KV_NAME(f) f##_f16
+#include __FILE__  /* this file again (cbuild compiles it by its absolute path) */
+#endif
 
 #else  /* KV_T: the kernel for one element type */
 #define dot KV_NAME(dot)

@@ -38,7 +38,7 @@ typedef struct {  /* the model's shape, and the linear kernel's rows a pass and 
     int64_t hidden, heads, kv_heads, head_dim, intermediate, block_size, cache_slots;
     int64_t rows_per_pass, linear_block;
     float eps, qk_eps, scale;
-    int64_t bf16;  /* else fp32 */
+    int64_t element;  /* the model's dtype: 0 fp32, 1 bf16, 2 fp16 (cpu_decode._ELEMENT) */
 } Shape;
 
 typedef struct {  /* one layer's tensors: packed weights, biases or NULL, norms, caches */
@@ -70,6 +70,28 @@ static void narrow(const uint32_t *restrict x, uint16_t *restrict y, int64_t n) 
     }
 }
 
+/* fp16 <-> fp32 (the compiler's _Float16, F16C on x86): widening is exact, narrowing rounds
+   to nearest even, as torch's .to(float16) does */
+static void widen_f16(const void *restrict x, float *restrict y, int64_t n) {
+#if defined(__FLT16_MAX__)
+    const _Float16 *restrict h = x;
+    #pragma omp simd
+    for (int64_t i = 0; i < n; i++) y[i] = (float)h[i];
+#else
+    (void)x, (void)y, (void)n;  /* never called: cpu_decode.py needs the fused kernels' fp16 */
+#endif
+}
+
+static void narrow_f16(const float *restrict x, void *restrict y, int64_t n) {
+#if defined(__FLT16_MAX__)
+    _Float16 *restrict h = y;
+    #pragma omp simd
+    for (int64_t i = 0; i < n; i++) h[i] = (_Float16)x[i];
+#else
+    (void)x, (void)y, (void)n;
+#endif
+}
+
 /* Every layer on x [rows, hidden] (the embeddings); writes the last layer's MLP output to
    `mlp` and the residual stream to `residual`, whose sum is the stack's output, as
    DecoderStack.forward adds them. Returns 0; the count of slots outside the cache (nothing
@@ -77,7 +99,7 @@ static void narrow(const uint32_t *restrict x, uint16_t *restrict y, int64_t n) 
 int64_t decode_layers(const Kernels *kern, const Shape *s, const Layer *layers,
                       int64_t num_layers, const Step *st, const void *x, void *mlp,
                       void *residual) {
-    const int64_t m = st->rows, h = s->hidden, d = s->head_dim, size = s->bf16 ? 2 : 4;
+    const int64_t m = st->rows, h = s->hidden, d = s->head_dim, size = s->element ? 2 : 4;
     const int64_t q_len = s->heads * d, kv_len = s->kv_heads * d, qkv_len = q_len + 2 * kv_len;
     const int64_t i2 = 2 * s->intermediate;
     /* one allocation for every buffer, each 64-byte aligned */
@@ -86,7 +108,7 @@ int64_t decode_layers(const Kernels *kern, const Shape *s, const Layer *layers,
     enum { STREAM_A, STREAM_B, O, NORMED, QKV, Q, K, ATT, GU, ACT, COUNT };
     int64_t at[COUNT + 1] = {0};
     for (int i = 0; i < COUNT; i++) at[i + 1] = at[i] + (words[i] * size + 63) / 64 * 64;
-    const int64_t fp32_len = s->bf16 ? m * q_len : 0;  /* q and the output, widened */
+    const int64_t fp32_len = s->element ? m * q_len : 0;  /* q and the output, widened */
     const int64_t part_len = m > s->rows_per_pass ? st->threads * m * s->linear_block : 0;
     char *buf = NULL;
     if (posix_memalign((void **)&buf, 64, (size_t)(at[COUNT] + 4 * (2 * fp32_len + part_len)))
@@ -119,11 +141,13 @@ int64_t decode_layers(const Kernels *kern, const Shape *s, const Layer *layers,
             status = bad;
             goto done;
         }
-        if (s->bf16) {  /* the kernel's q and output are fp32, as cpu_attention.py widens */
-            widen((const uint16_t *)q, (uint32_t *)qf, m * q_len);
+        if (s->element) {  /* the kernel's q and output are fp32, as cpu_attention.py widens */
+            if (s->element == 2) widen_f16(q, qf, m * q_len);
+            else widen((const uint16_t *)q, (uint32_t *)qf, m * q_len);
             kern->attention(qf, ly->k_cache, ly->v_cache, st->tables, st->context_lens, af, m,
                             s->heads, s->kv_heads, d, s->block_size, st->table_width, s->scale);
-            narrow((const uint32_t *)af, (uint16_t *)att, m * q_len);
+            if (s->element == 2) narrow_f16(af, att, m * q_len);
+            else narrow((const uint32_t *)af, (uint16_t *)att, m * q_len);
         } else {
             kern->attention((const float *)q, ly->k_cache, ly->v_cache, st->tables,
                             st->context_lens, (float *)att, m, s->heads, s->kv_heads, d,

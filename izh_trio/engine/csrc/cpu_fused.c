@@ -1,9 +1,10 @@
 /* A decoder layer's elementwise ops on CPU, rounded as torch rounds them: qk_norm_rope_store,
-   add_rms_norm, rms_norm, silu_mul for fp32 tensors, and the same with a _bf16 suffix for
-   bf16 ones. Built and called by cpu_fused.py (with -ffp-contract=off). The arithmetic is
-   fp32 either way; in bf16, every value torch would round to bf16 (an op's result in the
-   model's dtype) is rounded here at the same point (RB), so only the order of a sum of
-   squares differs, and SiLU's e^x by an ulp or two.
+   add_rms_norm, rms_norm, silu_mul for fp32 tensors, the same with a _bf16 suffix for bf16
+   ones, and with _f16 for fp16 ones where the compiler has _Float16. Built and called by
+   cpu_fused.py (with -ffp-contract=off). The arithmetic is fp32 in every dtype; in bf16 and
+   fp16, every value torch would round to the model's dtype (an op's result) is rounded here
+   at the same point (RB), so only the order of a sum of squares differs, and SiLU's e^x by
+   an ulp or two.
    The kernels are written once, at the end of this file, which includes itself once per
    element type (T). Built with -fopenmp, the library binds to the OpenMP runtime torch
    loaded: a call over many rows (a prefill's) splits them between torch's threads, each row
@@ -81,6 +82,21 @@ enum { R = 4 };  /* rows normed together (norm_rows) */
 #define RB(f) widen_bf16(narrow_bf16(f))
 #define NAME(f) f##_bf16
 #include __FILE__  /* this file again (cbuild compiles it by its absolute path) */
+#undef T
+#undef LD
+#undef ST
+#undef RB
+#undef NAME
+#if defined(__FLT16_MAX__)  /* the compiler's _Float16 (GCC 12+, clang): _f16 entries */
+/* fp16 tensors: widened on load (exact), rounded to nearest even where torch's fp16 ops
+   round (F16C's conversions on x86: no fp16 arithmetic is needed). */
+#define T _Float16
+#define LD(x) ((float)(x))
+#define ST(f) ((_Float16)(f))
+#define RB(f) ((float)(_Float16)(f))
+#define NAME(f) f##_f16
+#include __FILE__  /* this file again (cbuild compiles it by its absolute path) */
+#endif
 
 #else  /* T: the kernels for one element type */
 #define sum_sq NAME(sum_sq)

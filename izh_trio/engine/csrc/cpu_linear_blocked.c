@@ -1,9 +1,11 @@
-/* y[M, N] = x[M, K] @ W[N, K]^T (+ b[N]) in fp32 (AVX-512) or bf16 (AVX512-BF16), on a
-   weight repacked once at load (cpu_linear_blocked.pack) into blocks of NB = 32 outputs
-   whose columns lie in order: [N / NB][K][NB] in fp32; in bf16, column pairs,
-   [N / NB][K / 2][NB][2], since vdpbf16ps multiplies a pair of x's columns, broadcast, by
-   the same pair of 16 of W's rows and adds both products into one fp32 lane per output.
-   Sums are fp32; bf16 rounds once at the end, as oneDNN's bf16 matmul does. Built and
+/* y[M, N] = x[M, K] @ W[N, K]^T (+ b[N]) in fp32 (AVX-512), bf16 (AVX512-BF16) or fp16
+   (AVX-512 and F16C), on a weight repacked once at load (cpu_linear_blocked.pack) into
+   blocks of NB = 32 outputs whose columns lie in order: [N / NB][K][NB] in fp32 and fp16; in
+   bf16, column pairs, [N / NB][K / 2][NB][2], since vdpbf16ps multiplies a pair of x's
+   columns, broadcast, by the same pair of 16 of W's rows and adds both products into one
+   fp32 lane per output. fp16 has no such product on most CPUs: its weights are widened
+   (exactly) as they are loaded and multiplied in fp32. Sums are fp32; bf16 and fp16 round
+   once at the end, as oneDNN's matmul does. Built and
    called by cpu_linear_blocked.py with -fopenmp: torch's own libgomp (the same soname,
    loaded first) runs the threads, so this kernel shares torch's thread pool and follows
    torch.set_num_threads.
@@ -40,14 +42,26 @@ int max_threads(void) { return omp_get_max_threads(); }
 #else
 #define HAVE_BF16 0
 #endif
+#if defined(__F16C__)
+#define HAVE_F16 1
+#else
+#define HAVE_F16 0
+#endif
+
+/* A call's element type: of x, W, the bias and y alike (cpu_linear_blocked._DTYPE_BITS). */
+typedef enum { F32, BF16, F16 } Kind;
+
+INLINE int64_t esize(Kind kind) { return kind == F32 ? 4 : 2; }  /* bytes of an element */
+INLINE int64_t group(Kind kind) { return kind == BF16 ? 2 : 1; }  /* columns a step takes */
 
 /* Words [w0, w1) of x's rows, TM rows a group, laid out so that a step's TM broadcasts read
-   one cache line: [M / TM][KP / G][TM][G] where G is a step's columns (1 in fp32; in bf16 a
-   pair, K padded even: KP) and rows past M are zeros. A word is 4 bytes: one fp32 column or
-   a bf16 pair (an odd K's last pair is its last column and a zero). */
+   one cache line: [M / TM][KP / G][TM][G] where G is a step's columns (1 in fp32 and fp16;
+   in bf16 a pair, K padded even: KP) and rows past M are zeros. A word is 4 bytes: one fp32
+   column, an fp16 column widened to fp32, or a bf16 pair (an odd K's last pair is its last
+   column and a zero). */
 INLINE void pack_rows(const void *x, void *xt, int64_t m_len, int64_t k_len, int64_t kp,
-                      int64_t w0, int64_t w1, int bf16) {
-    const int64_t words = bf16 ? kp / 2 : kp, whole = bf16 ? k_len / 2 : k_len;
+                      int64_t w0, int64_t w1, Kind kind) {
+    const int64_t words = kp / group(kind), whole = k_len / group(kind);
     const int64_t end = w1 < whole ? w1 : whole;
     for (int64_t row = 0; row < (m_len + TM - 1) / TM * TM; row++) {
         uint32_t *dst = (uint32_t *)xt + row / TM * words * TM + row % TM;
@@ -55,7 +69,18 @@ INLINE void pack_rows(const void *x, void *xt, int64_t m_len, int64_t k_len, int
             for (int64_t k = w0; k < w1; k++) dst[k * TM] = 0;
             continue;
         }
-        const char *src = (const char *)x + row * k_len * (bf16 ? 2 : 4);
+        const char *src = (const char *)x + row * k_len * esize(kind);
+#if HAVE_F16
+        if (kind == F16) {
+            for (int64_t k = w0; k < end; k++) {
+                uint16_t h;
+                memcpy(&h, src + 2 * k, 2);
+                const float f = _cvtsh_ss(h);
+                memcpy(dst + k * TM, &f, 4);
+            }
+            continue;
+        }
+#endif
         for (int64_t k = w0; k < end; k++) {
             uint32_t v;
             memcpy(&v, src + 4 * k, 4);
@@ -69,12 +94,12 @@ INLINE void pack_rows(const void *x, void *xt, int64_t m_len, int64_t k_len, int
     }
 }
 
-/* One step of a block against a group's rows [0, MB): column k (fp32), or columns k, k + 1
-   (bf16, k even), of W and of the packed rows. */
+/* One step of a block against a group's rows [0, MB): column k (fp32, fp16), or columns k,
+   k + 1 (bf16, k even), of W and of the packed rows. */
 INLINE void step(__m512 acc[][2], const void *xt, const void *block, int64_t k, int MB,
-                 int bf16) {
+                 Kind kind) {
 #if HAVE_BF16
-    if (bf16) {
+    if (kind == BF16) {
         const uint16_t *wk = (const uint16_t *)block + k * NB;  /* (k / 2) * NB * 2 */
         const uint16_t *xk = (const uint16_t *)xt + k * TM;     /* (k / 2) * TM * 2 */
         __m512bh w0 = (__m512bh)_mm512_loadu_si512(wk);
@@ -89,9 +114,19 @@ INLINE void step(__m512 acc[][2], const void *xt, const void *block, int64_t k, 
         return;
     }
 #endif
-    (void)bf16;
-    const float *wk = (const float *)block + k * NB, *xk = (const float *)xt + k * TM;
-    __m512 w0 = _mm512_loadu_ps(wk), w1 = _mm512_loadu_ps(wk + 16);
+    const float *xk = (const float *)xt + k * TM;
+    __m512 w0, w1;
+#if HAVE_F16
+    if (kind == F16) {
+        const uint16_t *wk = (const uint16_t *)block + k * NB;
+        w0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)wk));
+        w1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wk + 16)));
+    } else
+#endif
+    {
+        const float *wk = (const float *)block + k * NB;
+        w0 = _mm512_loadu_ps(wk), w1 = _mm512_loadu_ps(wk + 16);
+    }
     for (int m = 0; m < MB; m++) {
         __m512 xv = _mm512_set1_ps(xk[m]);
         acc[m][0] = _mm512_fmadd_ps(xv, w0, acc[m][0]);
@@ -109,7 +144,7 @@ typedef enum {
 
 /* Where a pass's sums go once its block is done: y's rows (ld values apart) from this block's
    first column, `valid` of the NB columns there (N need not fill the last block), plus the
-   bias at the same columns (or none); rounded once to bf16 in that dtype. */
+   bias at the same columns (or none); rounded once to bf16 or fp16 in those dtypes. */
 typedef struct {
     void *y;
     const void *bias;
@@ -118,13 +153,24 @@ typedef struct {
 } Out;
 
 /* y's 16 columns [16 v, 16 v + 16) of a row: sum + bias, in bf16 rounded to nearest, ties to
-   even, NaN as torch's one (0x7FC0), as torch rounds. */
-INLINE void put(__m512 sum, Out o, int64_t row, int v, int bf16) {
+   even, NaN as torch's one (0x7FC0), as torch rounds; in fp16 to nearest even by F16C. */
+INLINE void put(__m512 sum, Out o, int64_t row, int v, Kind kind) {
     const int lanes = o.valid - 16 * v < 0 ? 0 : o.valid - 16 * v > 16 ? 16 : o.valid - 16 * v;
     const __mmask16 mask = (__mmask16)((1u << lanes) - 1u);
     if (!lanes) return;
     const int64_t at = row * o.ld + 16 * v;
-    if (bf16) {
+#if HAVE_F16
+    if (kind == F16) {
+        if (o.bias)
+            sum = _mm512_add_ps(sum, _mm512_cvtph_ps(
+                _mm256_maskz_loadu_epi16(mask, (const uint16_t *)o.bias + 16 * v)));
+        _mm256_mask_storeu_epi16((uint16_t *)o.y + at, mask,
+                                 _mm512_cvtps_ph(sum, _MM_FROUND_TO_NEAREST_INT |
+                                                      _MM_FROUND_NO_EXC));
+        return;
+    }
+#endif
+    if (kind == BF16) {
         if (o.bias) {
             __m512i b = _mm512_cvtepu16_epi32(
                 _mm256_maskz_loadu_epi16(mask, (const uint16_t *)o.bias + 16 * v));
@@ -148,14 +194,13 @@ INLINE void put(__m512 sum, Out o, int64_t row, int v, int bf16) {
    [k0, k1); acc starts from zero when fresh, else from part (fp32, [MB][NB]), and goes back
    there, or to y when this pass ends the block (`last`). */
 INLINE void pass(const void *xt, const void *block, int64_t k0, int64_t k1, int MB,
-                 int fresh, int last, Ahead ahead, float *part, Out o, int bf16) {
+                 int fresh, int last, Ahead ahead, float *part, Out o, Kind kind) {
     __m512 acc[TM][2];
     for (int m = 0; m < MB; m++)
         for (int v = 0; v < 2; v++)
             acc[m][v] = fresh ? _mm512_setzero_ps() : _mm512_loadu_ps(part + m * NB + v * 16);
-    const int g = bf16 ? 2 : 1;  /* columns a step takes */
+    const int64_t g = group(kind), size = esize(kind);
     const char *w = (const char *)block;
-    const int64_t size = bf16 ? 2 : 4;
     const int64_t chunk = (k1 - k0) * NB * size;  /* bytes of this pass's chunk */
     if (ahead == AHEAD_STREAM && MB >= PF_L2_ROWS) {
         /* enough rows that the arithmetic no longer hides the misses L1 keeps in flight:
@@ -163,7 +208,7 @@ INLINE void pass(const void *xt, const void *block, int64_t k0, int64_t k1, int 
         for (int64_t k = k0; k < k1; k += g) {
             _mm_prefetch(w + k * NB * size + PF_L2_BYTES, _MM_HINT_T1);
             _mm_prefetch(w + k * NB * size + PF_L2_BYTES + 64, _MM_HINT_T1);
-            step(acc, xt, block, k, MB, bf16);
+            step(acc, xt, block, k, MB, kind);
         }
     } else if (ahead == AHEAD_CHUNK) {
         /* into L2: in L1 the next chunk would evict this one and the rows' columns, which
@@ -171,28 +216,28 @@ INLINE void pass(const void *xt, const void *block, int64_t k0, int64_t k1, int 
         for (int64_t k = k0; k < k1; k += g) {
             _mm_prefetch(w + k * NB * size + chunk, _MM_HINT_T1);
             _mm_prefetch(w + k * NB * size + chunk + 64, _MM_HINT_T1);
-            step(acc, xt, block, k, MB, bf16);
+            step(acc, xt, block, k, MB, kind);
         }
     } else if (ahead == AHEAD_STREAM && MB >= PF_ROWS) {
         for (int64_t k = k0; k < k1; k += g) {
             _mm_prefetch(w + k * NB * size + PF_BYTES, _MM_HINT_T0);
             _mm_prefetch(w + k * NB * size + PF_BYTES + 64, _MM_HINT_T0);
-            step(acc, xt, block, k, MB, bf16);
+            step(acc, xt, block, k, MB, kind);
         }
     } else {  /* a lone row streams faster on the hardware's prefetcher alone */
-        for (int64_t k = k0; k < k1; k += g) step(acc, xt, block, k, MB, bf16);
+        for (int64_t k = k0; k < k1; k += g) step(acc, xt, block, k, MB, kind);
     }
     for (int m = 0; m < MB; m++)
         for (int v = 0; v < 2; v++) {
-            if (last) put(acc[m][v], o, m, v, bf16);
+            if (last) put(acc[m][v], o, m, v, kind);
             else _mm512_storeu_ps(part + m * NB + v * 16, acc[m][v]);
         }
 }
 
 INLINE void pass_rows(const void *xt, const void *block, int64_t k0, int64_t k1, int mb,
-                      int fresh, int last, Ahead ahead, float *part, Out o, int bf16) {
+                      int fresh, int last, Ahead ahead, float *part, Out o, Kind kind) {
     switch (mb) {
-#define ROWS(n) pass(xt, block, k0, k1, n, fresh, last, ahead, part, o, bf16); return;
+#define ROWS(n) pass(xt, block, k0, k1, n, fresh, last, ahead, part, o, kind); return;
     case 1: ROWS(1)
     case 2: ROWS(2)
     case 3: ROWS(3)
@@ -208,8 +253,8 @@ INLINE void pass_rows(const void *xt, const void *block, int64_t k0, int64_t k1,
 /* Blocks [b0, b1) of W against every row of x (packed: xt). */
 INLINE void blocks(const void *xt, const void *w, const void *bias, void *y, int64_t m_len,
                    int64_t n_len, int64_t kp, int64_t b0, int64_t b1,
-                   float *part /* [m_len][NB] */, int bf16) {
-    const int64_t size = bf16 ? 2 : 4;
+                   float *part /* [m_len][NB] */, Kind kind) {
+    const int64_t size = esize(kind), words = kp / group(kind);
     /* one pass streams the block once, unchunked */
     const int64_t chunk = m_len <= TM ? kp : CHUNK_BYTES / (NB * size);
     for (int64_t b = b0; b < b1; b++) {
@@ -223,8 +268,8 @@ INLINE void blocks(const void *xt, const void *w, const void *bias, void *y, int
                 Out o = {(char *)y + (m * n_len + col) * size,
                          bias ? (const char *)bias + col * size : NULL, n_len,
                          n_len - col < NB ? (int)(n_len - col) : NB};
-                pass_rows((const char *)xt + m * kp * size, block, k0, k1, mb, k0 == 0,
-                          k1 == kp, ahead, part + m * NB, o, bf16);
+                pass_rows((const uint32_t *)xt + m * words, block, k0, k1, mb, k0 == 0,
+                          k1 == kp, ahead, part + m * NB, o, kind);
             }
         }
     }
@@ -233,11 +278,12 @@ INLINE void blocks(const void *xt, const void *w, const void *bias, void *y, int
 /* W's blocks split between the threads, each streaming its own; 0, or -1 when the rows'
    scratch cannot be had. */
 INLINE int linear(const void *x, const void *w, const void *bias, void *y, int64_t m_len,
-                  int64_t n_len, int64_t k_len, float *part, int64_t slots, int bf16) {
-    const int64_t total = (n_len + NB - 1) / NB, size = bf16 ? 2 : 4;
-    const int64_t kp = bf16 ? (k_len + 1) / 2 * 2 : k_len;
+                  int64_t n_len, int64_t k_len, float *part, int64_t slots, Kind kind) {
+    const int64_t total = (n_len + NB - 1) / NB;
+    const int64_t kp = (k_len + group(kind) - 1) / group(kind) * group(kind);
+    const int64_t words = kp / group(kind);  /* of 4 bytes, a row's packed columns */
     void *xt = NULL;
-    if (posix_memalign(&xt, 64, (size_t)((m_len + TM - 1) / TM * TM * kp * size)) != 0)
+    if (posix_memalign(&xt, 64, (size_t)((m_len + TM - 1) / TM * TM * words * 4)) != 0)
         return -1;
     /* a small product is not worth waking the other threads for */
     int64_t threads = m_len * n_len * k_len >= (1 << 18) ? omp_get_max_threads() : 1;
@@ -246,32 +292,33 @@ INLINE int linear(const void *x, const void *w, const void *bias, void *y, int64
     /* Blocks are handed out a few at a time, not split in equal shares up front: a thread
        the OS stops for a while (the HTTP process wants a core now and then) leaves its
        remaining blocks to the others instead of holding up the whole region. */
-    const int64_t words = bf16 ? kp / 2 : kp;
     const int64_t grain = total / (threads * 8) > 1 ? total / (threads * 8) : 1;
     int64_t next = 0;
     #pragma omp parallel num_threads((int)threads)
     {
         int t = omp_get_thread_num(), nt = omp_get_num_threads();
         /* every thread packs a share of the rows' columns, and multiplies all of them */
-        pack_rows(x, xt, m_len, k_len, kp, words * t / nt, words * (t + 1) / nt, bf16);
+        pack_rows(x, xt, m_len, k_len, kp, words * t / nt, words * (t + 1) / nt, kind);
         #pragma omp barrier
         float *own = part ? part + (int64_t)t * m_len * NB : NULL;
         for (;;) {
             int64_t b0 = __atomic_fetch_add(&next, grain, __ATOMIC_RELAXED);
             if (b0 >= total) break;
             int64_t b1 = b0 + grain < total ? b0 + grain : total;
-            /* each dtype's loop compiled on its own (the region is outlined: bf16 is a
+            /* each dtype's loop compiled on its own (the region is outlined: kind is a
                variable there) */
-            if (bf16) blocks(xt, w, bias, y, m_len, n_len, kp, b0, b1, own, 1);
-            else blocks(xt, w, bias, y, m_len, n_len, kp, b0, b1, own, 0);
+            if (kind == BF16) blocks(xt, w, bias, y, m_len, n_len, kp, b0, b1, own, BF16);
+            else if (kind == F16) blocks(xt, w, bias, y, m_len, n_len, kp, b0, b1, own, F16);
+            else blocks(xt, w, bias, y, m_len, n_len, kp, b0, b1, own, F32);
         }
     }
     free(xt);
     return 0;
 }
 
-/* The dtypes served on this CPU, as bits: 1 fp32, 2 bf16 (cpu_linear_blocked._DTYPE_BITS). */
-int supported(void) { return HAVE_BF16 ? 3 : 1; }
+/* The dtypes served on this CPU, as bits: 1 fp32, 2 bf16, 4 fp16
+   (cpu_linear_blocked._DTYPE_BITS). */
+int supported(void) { return 1 | (HAVE_BF16 ? 2 : 0) | (HAVE_F16 ? 4 : 0); }
 
 /* y = x @ W^T (+ bias): x [m_len, k_len], W packed by cpu_linear_blocked.pack from
    [n_len, k_len], bias [n_len] or NULL, y [m_len, n_len]; contiguous, all of one dtype.
@@ -280,12 +327,17 @@ int supported(void) { return HAVE_BF16 ? 3 : 1; }
    torch's (OpenMP's) thread count allows. */
 int linear_f32(const float *x, const float *w, const float *bias, float *y, int64_t m_len,
                int64_t n_len, int64_t k_len, float *part, int64_t slots) {
-    return linear(x, w, bias, y, m_len, n_len, k_len, part, slots, 0);
+    return linear(x, w, bias, y, m_len, n_len, k_len, part, slots, F32);
 }
 
 int linear_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *bias, uint16_t *y,
                 int64_t m_len, int64_t n_len, int64_t k_len, float *part, int64_t slots) {
-    return HAVE_BF16 ? linear(x, w, bias, y, m_len, n_len, k_len, part, slots, 1) : -1;
+    return HAVE_BF16 ? linear(x, w, bias, y, m_len, n_len, k_len, part, slots, BF16) : -1;
+}
+
+int linear_f16(const uint16_t *x, const uint16_t *w, const uint16_t *bias, uint16_t *y,
+               int64_t m_len, int64_t n_len, int64_t k_len, float *part, int64_t slots) {
+    return HAVE_F16 ? linear(x, w, bias, y, m_len, n_len, k_len, part, slots, F16) : -1;
 }
 
 #else  /* no AVX-512: cpu_linear_blocked.py keeps oneDNN's */
@@ -301,5 +353,9 @@ int linear_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *bias, uint
     (void)x; (void)w; (void)bias; (void)y; (void)m_len; (void)n_len; (void)k_len;
     (void)part; (void)slots;
     return -1;
+}
+int linear_f16(const uint16_t *x, const uint16_t *w, const uint16_t *bias, uint16_t *y,
+               int64_t m_len, int64_t n_len, int64_t k_len, float *part, int64_t slots) {
+    return linear_bf16(x, w, bias, y, m_len, n_len, k_len, part, slots);
 }
 #endif

@@ -107,12 +107,12 @@ class CausalLM(nn.Module):
 
     def use_cpu_twins(self, attention: AttentionBackend) -> int:
         """Swap every module with a twin in ``cpu_twins`` for it where the kernels can run:
-        fp32 or bf16 on CPU, the kernels built, and an attention backend whose KV store the
-        twins may do (they store K/V in the pass that norms and rotates it). Returns how
-        many."""
+        a dtype the kernels serve on CPU (``cpu_fused.serves``), and an attention backend
+        whose KV store the twins may do (they store K/V in the pass that norms and rotates
+        it). Returns how many."""
         weight = next(self.parameters())
         if not (attention.plain_kv_store and weight.device.type == "cpu"
-                and weight.dtype in cpu_fused.DTYPES and cpu_fused.available()):
+                and cpu_fused.serves(weight.dtype)):
             return 0
         swapped = 0
         for name, module in list(self.named_modules()):

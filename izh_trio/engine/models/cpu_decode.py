@@ -1,4 +1,4 @@
-"""A decode step's decoder layers in one compiled call, on CPU in fp32 or bf16.
+"""A decode step's decoder layers in one compiled call, on CPU in fp32, bf16 or fp16.
 
 A Qwen3 or Llama layer on the CPU twins is nine kernel calls (two norms with their residual
 adds, four linears, the q/k norm, RoPE and KV store, attention, SiLU times up), each behind a
@@ -51,7 +51,11 @@ class _Shape(ctypes.Structure):
     _fields_ = [*((name, _I) for name in ("hidden", "heads", "kv_heads", "head_dim",
                                           "intermediate", "block_size", "cache_slots",
                                           "rows_per_pass", "linear_block")),
-                ("eps", _F), ("qk_eps", _F), ("scale", _F), ("bf16", _I)]
+                ("eps", _F), ("qk_eps", _F), ("scale", _F), ("element", _I)]
+
+
+#: The model's dtype as csrc/cpu_decode.c's Shape.element names it.
+_ELEMENT = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
 _LAYER_TENSORS = ("input_norm", "post_norm", "q_norm", "k_norm", "qkv", "qkv_bias", "o",
@@ -188,9 +192,9 @@ def build(model: nn.Module) -> DecodeLayers | None:
     if not isinstance(model, DecoderStack) or not len(model.layers):
         return None
     dtype = model.embed_tokens.weight.dtype
-    if dtype not in cpu_fused.DTYPES or model.embed_tokens.weight.device.type != "cpu":
+    if model.embed_tokens.weight.device.type != "cpu":
         return None
-    if not (cpu_fused.available() and cpu_attention.available()
+    if not (cpu_fused.serves(dtype) and cpu_attention.serves(dtype)
             and cpu_linear_blocked.available(dtype) and _KERNEL.available()):
         return None
     layers = [_layer(layer, dtype) for layer in model.layers]
@@ -206,6 +210,6 @@ def build(model: nn.Module) -> DecodeLayers | None:
         cpu_linear_blocked.entry(dtype), cpu_attention.entry(dtype))
     shape = _Shape(hidden, heads, kv_heads, head_dim, intermediate, 0, 0,
                    cpu_linear_blocked.ROWS_PER_PASS, cpu_linear_blocked.BLOCK, eps, qk_eps,
-                   scale, int(dtype == torch.bfloat16))
+                   scale, _ELEMENT[dtype])
     return DecodeLayers(kernels, shape, specs,
                         None if all(every) else cpu_linear_blocked.ROWS_PER_PASS, dtype)

@@ -1,6 +1,6 @@
-"""bf16 on CPU against transformers' own bf16 model on the same checkpoint: logits within
-bf16's rounding, greedy tokens equal wherever transformers' choice is not a near-tie; and the
-dtype ``auto`` picks."""
+"""bf16 and fp16 on CPU against transformers' own model in the same dtype on the same
+checkpoint: logits within that dtype's rounding, greedy tokens equal wherever transformers'
+choice is not a near-tie; and the dtype ``auto`` picks."""
 
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ PROMPTS = [[3, 141, 59, 265, 358, 979, 323, 846], [1200, 7, 7, 7, 88], list(rang
 MORE_PROMPTS = [[5, 6], [1500, 300, 20, 1700, 11, 400], list(range(900, 960, 3))]
 #: bf16 keeps 8 bits of mantissa, and rounds where each implementation orders its operations:
 #: transformers' own bf16 logits are ~0.01 from its fp32 ones on these checkpoints (logits
-#: of std ~0.2), and ours about as far from its bf16 ones.
-LOGIT_TOLERANCE = 0.02
+#: of std ~0.2), and ours about as far from its bf16 ones. fp16 keeps 11 bits: eight times
+#: closer.
+LOGIT_TOLERANCE = {"bfloat16": 0.02, "float16": 0.0025}
 
 
 @pytest.mark.parametrize(("setting", "checkpoint", "native", "want"), [
@@ -44,17 +45,22 @@ def test_auto_dtype_elsewhere_is_the_checkpoints() -> None:
         assert resolve_dtype("auto", dtype, torch.device("cuda"), native_bf16=False) == dtype
 
 
+@pytest.fixture(scope="module", params=["bfloat16", "float16"])
+def half(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module", params=["hd32-tied", "hd128-untied"])
-def bf16_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-             tiny_dir: Path) -> Path:
+def half_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+             tiny_dir: Path, half: str) -> Path:
     shape = {} if request.param == "hd32-tied" else {
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 128, "tie": False}
-    out = tmp_path_factory.mktemp("bf16") / request.param
-    return save_transformers_qwen3(out, tiny_dir, seed=5, dtype="bfloat16", **shape)
+    out = tmp_path_factory.mktemp(half) / request.param
+    return save_transformers_qwen3(out, tiny_dir, seed=5, dtype=half, **shape)
 
 
-def _engine(model_dir: Path) -> EngineCore:
-    return EngineCore(EngineConfig(model_dir=str(model_dir), dtype="bfloat16", num_kv_blocks=64))
+def _engine(model_dir: Path, half: str) -> EngineCore:
+    return EngineCore(EngineConfig(model_dir=str(model_dir), dtype=half, num_kv_blocks=64))
 
 
 def _greedy(core: EngineCore, prompt: list[int], n: int, tag: str) -> list[int]:
@@ -67,12 +73,13 @@ def _greedy(core: EngineCore, prompt: list[int], n: int, tag: str) -> list[int]:
     return out
 
 
-def test_logits_match_transformers_bf16(bf16_dir: Path) -> None:
+def test_logits_match_transformers(half_dir: Path, half: str) -> None:
     """Each prompt's logits at every position (prefill) and at a decode step through the
-    paged cache, against transformers' bf16 forward of the same tokens."""
-    core = _engine(bf16_dir)
-    assert core.runner.dtype == core.runner.kv_caches[0][0].dtype == torch.bfloat16
-    model = transformers.AutoModelForCausalLM.from_pretrained(bf16_dir, dtype=torch.bfloat16)
+    paged cache, against transformers' forward of the same tokens in the same dtype."""
+    core = _engine(half_dir, half)
+    dtype = getattr(torch, half)
+    assert core.runner.dtype == core.runner.kv_caches[0][0].dtype == dtype
+    model = transformers.AutoModelForCausalLM.from_pretrained(half_dir, dtype=dtype)
     for i, prompt in enumerate(PROMPTS):
         core.add_request(AddRequest(f"p{i}", prompt, SamplingParams(
             max_tokens=2, temperature=0.0, ignore_eos=True, prompt_logprobs=0)))
@@ -83,15 +90,17 @@ def test_logits_match_transformers_bf16(bf16_dir: Path) -> None:
         with torch.inference_mode():
             ref = model(torch.tensor([prompt + tokens[:1]])).logits[0].float()
         ours = every_position(core.runner, prompt + tokens[:1])
-        torch.testing.assert_close(ours, ref, atol=LOGIT_TOLERANCE, rtol=0)
+        torch.testing.assert_close(ours, ref, atol=LOGIT_TOLERANCE[half], rtol=0)
 
 
-@pytest.mark.skipif(not cpu_has_native_bf16(), reason="bf16 is emulated on this CPU")
-def test_greedy_tokens_match_transformers_generate(bf16_dir: Path) -> None:
-    """Token for token with ``generate`` in bf16, up to the first step where transformers'
-    top two logits are closer than bf16 can tell apart (a near-tie either side may take)."""
-    core = _engine(bf16_dir)
-    model = transformers.AutoModelForCausalLM.from_pretrained(bf16_dir, dtype=torch.bfloat16)
+def test_greedy_tokens_match_transformers_generate(half_dir: Path, half: str) -> None:
+    """Token for token with ``generate`` in the same dtype, up to the first step where
+    transformers' top two logits are closer than that dtype can tell apart (a near-tie either
+    side may take)."""
+    if half == "bfloat16" and not cpu_has_native_bf16():
+        pytest.skip("bf16 is emulated on this CPU")
+    core = _engine(half_dir, half)
+    model = transformers.AutoModelForCausalLM.from_pretrained(half_dir, dtype=getattr(torch, half))
     compared = 0
     for i, prompt in enumerate(PROMPTS + MORE_PROMPTS):
         ours = _greedy(core, prompt, 16, f"g{i}")
@@ -102,7 +111,7 @@ def test_greedy_tokens_match_transformers_generate(bf16_dir: Path) -> None:
         theirs = gen.sequences[0, len(prompt):].tolist()
         for step, score in enumerate(gen.scores):
             top = score[0].float().topk(2).values
-            if top[0] - top[1] < 2 * LOGIT_TOLERANCE:
+            if top[0] - top[1] < 2 * LOGIT_TOLERANCE[half]:
                 break
             assert ours[step] == theirs[step], (i, step, ours, theirs)
             compared += 1
