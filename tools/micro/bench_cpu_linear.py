@@ -1,5 +1,6 @@
 """Time the engine's linear layers on CPU: plain ``F.linear``, oneDNN's packed weight, and
-(fp32 on AVX-512, bf16 on AVX512-BF16) our own kernel's blocked weight.
+(fp32 on AVX-512, bf16 on AVX512-BF16, fp16 on AVX-512 with F16C) our own kernel's blocked
+weight.
 
     python -m tools.micro.bench_cpu_linear [--dtype float32] [--threads 1] [--layers 1]
         [--hidden 256] [--intermediate 768] [--heads 4] [--kv-heads 2] [--head-dim 64]
@@ -12,6 +13,8 @@ defaults). Qwen3-0.6B's: ``--hidden 1024 --intermediate 3072 --heads 16 --kv-hea
 for any cache, as when serving). Prints milliseconds per pass over all of them for each
 row count (a decode step has one row per sequence), the best variant's GFLOP/s, and the
 weights' read rate it implies; each figure is the best of ``--rounds`` interleaved rounds.
+``--skip F.linear,oneDNN`` leaves variants out (torch's fp16 products on a CPU without fp16
+arithmetic take seconds a pass at a real shape).
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ def main() -> None:
                           ("layers", 1)):
         p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--rows", default="1,8,32,256,1024")
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--skip", default="", help="variants to leave out, comma-separated")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     dtype = getattr(torch, a.dtype)
@@ -52,6 +56,8 @@ def main() -> None:
                 variants["ours"] = [m for m in ours if m is not None]
     if len(variants) == 1:
         sys.exit("neither oneDNN nor our kernel can pack this dtype here")
+    for name in filter(None, a.skip.split(",")):
+        variants.pop(name, None)
     weight_bytes = sum(i * o for i, o in shapes) * dtype.itemsize
     flops_per_row = 2 * sum(i * o for i, o in shapes)
     print(f"{a.dtype}, {a.threads} thread(s), {weight_bytes / 1e6:.0f} MB of weights; "
