@@ -12,6 +12,8 @@ import attrs
 import torch
 from safetensors import safe_open
 
+from izh_trio.engine import cpu_attention, cpu_fused, cpu_linear_blocked
+
 _DTYPES = {
     "float32": torch.float32,
     "float": torch.float32,
@@ -195,19 +197,37 @@ def _eos_ids(model_dir: Path, config: dict[str, Any]) -> tuple[int, ...]:
 
 
 def resolve_dtype(name: str, checkpoint: torch.dtype, device: torch.device,
-                  native_bf16: bool | None = None) -> torch.dtype:
+                  native_bf16: bool | None = None, fp16_kernels: bool | None = None
+                  ) -> torch.dtype:
     """The dtype to run in: ``name``, or for ``auto`` the checkpoint's, except on a CPU a
     half-precision checkpoint runs in bf16 where the CPU multiplies bf16 natively (AVX512-BF16,
-    AMX: ``native_bf16``, asked of oneDNN when not given) and in fp32 where it would only
-    emulate it; an fp16 one runs in bf16 there too (fp16's range is within bf16's, and CPUs
-    with native fp16 matrix units are rare). An fp32 checkpoint stays fp32: it asked for it."""
+    AMX: ``native_bf16``, asked of oneDNN when not given), an fp16 one too (fp16's range is
+    within bf16's, and CPUs with native fp16 matrix units are rare), as vLLM's CPU backend
+    does. Without native bf16, an fp16 checkpoint stays fp16 where our kernels widen it as they
+    stream (AVX-512 with F16C: ``fp16_kernels``, asked of the kernels when not given): half
+    fp32's bytes, its exact weights. Anything else runs in fp32, which such a CPU would only
+    have emulated more slowly. An fp32 checkpoint stays fp32: it asked for it."""
     if name != "auto":
         return _DTYPES[name]
     if device.type != "cpu" or checkpoint == torch.float32:
         return checkpoint
     if native_bf16 is None:
         native_bf16 = cpu_has_native_bf16()
-    return torch.bfloat16 if native_bf16 else torch.float32
+    if native_bf16:
+        return torch.bfloat16
+    if checkpoint == torch.float16:
+        if fp16_kernels is None:
+            fp16_kernels = cpu_serves_fp16()
+        if fp16_kernels:
+            return torch.float16
+    return torch.float32
+
+
+def cpu_serves_fp16() -> bool:
+    """Whether every kernel of an fp16 CPU model is ours (the blocked linear, the fused
+    kernels and the attention), not torch's emulated fp16."""
+    return (cpu_linear_blocked.available(torch.float16) and cpu_fused.serves(torch.float16)
+            and cpu_attention.serves(torch.float16))
 
 
 def cpu_has_native_bf16() -> bool:

@@ -253,11 +253,14 @@ INLINE void pass_rows(const void *xt, const void *block, int64_t k0, int64_t k1,
     }
 }
 
-/* n fp16 values of W, widened into fp32 (exactly). */
+/* n fp16 values of W, widened into fp32 (exactly), while the next n (the next chunk) are
+   fetched into L2 for the next call: the passes over this chunk then hide their reads. */
 INLINE void widen_chunk(const uint16_t *src, float *dst, int64_t n) {
 #if HAVE_F16
-    for (int64_t i = 0; i < n; i += 16)
+    for (int64_t i = 0; i < n; i += 16) {
+        if (!(i & 31)) _mm_prefetch((const char *)(src + n + i), _MM_HINT_T1);
         _mm512_store_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i))));
+    }
 #else
     (void)src, (void)dst, (void)n;
 #endif
