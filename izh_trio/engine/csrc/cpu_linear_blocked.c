@@ -144,20 +144,17 @@ typedef enum {
 
 /* Where a pass's sums go once its block is done: y's rows (ld values apart) from this block's
    first column, `valid` of the NB columns there (N need not fill the last block), plus the
-   bias at the same columns (or none), both of element type `kind`; rounded once to bf16 or
-   fp16 in those dtypes. */
+   bias at the same columns (or none); rounded once to bf16 or fp16 in those dtypes. */
 typedef struct {
     void *y;
     const void *bias;
     int64_t ld;
     int valid;
-    Kind kind;
 } Out;
 
 /* y's 16 columns [16 v, 16 v + 16) of a row: sum + bias, in bf16 rounded to nearest, ties to
    even, NaN as torch's one (0x7FC0), as torch rounds; in fp16 to nearest even by F16C. */
-INLINE void put(__m512 sum, Out o, int64_t row, int v) {
-    const Kind kind = o.kind;
+INLINE void put(__m512 sum, Out o, int64_t row, int v, Kind kind) {
     const int lanes = o.valid - 16 * v < 0 ? 0 : o.valid - 16 * v > 16 ? 16 : o.valid - 16 * v;
     const __mmask16 mask = (__mmask16)((1u << lanes) - 1u);
     if (!lanes) return;
@@ -232,7 +229,7 @@ INLINE void pass(const void *xt, const void *block, int64_t k0, int64_t k1, int 
     }
     for (int m = 0; m < MB; m++)
         for (int v = 0; v < 2; v++) {
-            if (last) put(acc[m][v], o, m, v);
+            if (last) put(acc[m][v], o, m, v, kind);
             else _mm512_storeu_ps(part + m * NB + v * 16, acc[m][v]);
         }
 }
@@ -253,49 +250,26 @@ INLINE void pass_rows(const void *xt, const void *block, int64_t k0, int64_t k1,
     }
 }
 
-/* n fp16 values of W, widened into fp32 (exactly), while the next n (the next chunk) are
-   fetched into L2 for the next call: the passes over this chunk then hide their reads. */
-INLINE void widen_chunk(const uint16_t *src, float *dst, int64_t n) {
-#if HAVE_F16
-    for (int64_t i = 0; i < n; i += 16) {
-        if (!(i & 31)) _mm_prefetch((const char *)(src + n + i), _MM_HINT_T1);
-        _mm512_store_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i))));
-    }
-#else
-    (void)src, (void)dst, (void)n;
-#endif
-}
-
 /* Blocks [b0, b1) of W against every row of x (packed: xt). */
 INLINE void blocks(const void *xt, const void *w, const void *bias, void *y, int64_t m_len,
                    int64_t n_len, int64_t kp, int64_t b0, int64_t b1,
                    float *part /* [m_len][NB] */, Kind kind) {
     const int64_t size = esize(kind), words = kp / group(kind);
-    /* fp16 rows for several passes: each chunk is widened once, into fp32 that every pass
-       then reads from L1, rather than by every pass again */
-    const int widen = HAVE_F16 && kind == F16 && m_len > TM;
-    float wide[CHUNK_BYTES / 4] __attribute__((aligned(64)));
     /* one pass streams the block once, unchunked */
-    const int64_t chunk = m_len <= TM ? kp : CHUNK_BYTES / (NB * (widen ? 4 : size));
+    const int64_t chunk = m_len <= TM ? kp : CHUNK_BYTES / (NB * size);
     for (int64_t b = b0; b < b1; b++) {
         const char *block = (const char *)w + b * NB * kp * size;
         const int64_t col = b * NB;
         for (int64_t k0 = 0; k0 < kp; k0 += chunk) {
             int64_t k1 = k0 + chunk < kp ? k0 + chunk : kp;
-            if (widen) widen_chunk((const uint16_t *)block + k0 * NB, wide, (k1 - k0) * NB);
             for (int64_t m = 0; m < m_len; m += TM) {
                 int mb = m_len - m < TM ? (int)(m_len - m) : TM;
                 Ahead ahead = m_len <= TM ? AHEAD_STREAM : m == 0 ? AHEAD_CHUNK : AHEAD_NONE;
                 Out o = {(char *)y + (m * n_len + col) * size,
                          bias ? (const char *)bias + col * size : NULL, n_len,
-                         n_len - col < NB ? (int)(n_len - col) : NB, kind};
-                const uint32_t *rows = (const uint32_t *)xt + m * words;
-                if (widen)  /* the chunk's own columns [0, k1 - k0), read as fp32 */
-                    pass_rows(rows + k0 * TM, wide, 0, k1 - k0, mb, k0 == 0, k1 == kp,
-                              AHEAD_NONE, part + m * NB, o, F32);
-                else
-                    pass_rows(rows, block, k0, k1, mb, k0 == 0, k1 == kp, ahead,
-                              part + m * NB, o, kind);
+                         n_len - col < NB ? (int)(n_len - col) : NB};
+                pass_rows((const uint32_t *)xt + m * words, block, k0, k1, mb, k0 == 0,
+                          k1 == kp, ahead, part + m * NB, o, kind);
             }
         }
     }
