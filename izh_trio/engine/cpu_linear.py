@@ -2,9 +2,10 @@
 
 ``F.linear`` on CPU re-reads a plain row-major weight at every call; oneDNN's matmul on a
 weight reordered once at load time runs the same arithmetic faster from a few rows up, and our
-own blocked kernel (``cpu_linear_blocked``: fp32 on AVX-512, bf16 on AVX512-BF16) reads a
-weight faster still at a decode step's few rows, while at a prefill's many it is a little
-behind oneDNN. So a model whose linear weights are small (``TWO_COPY_LIMIT``) keeps both
+own blocked kernel (``cpu_linear_blocked``: fp32 on AVX-512, bf16 on AVX512-BF16, fp16 with
+F16C) reads a weight faster still at a decode step's few rows, while at a prefill's many it is
+a little behind oneDNN. fp16 stays on it alone: oneDNN would emulate fp16's arithmetic. So a
+model whose linear weights are small (``TWO_COPY_LIMIT``) keeps both
 copies: the blocked one for up to ``cpu_linear_blocked.ROWS_PER_PASS`` rows, oneDNN's above; a
 larger one keeps the blocked copy only rather than doubling its weights' memory. Where the
 kernel cannot serve (no AVX-512, no compiler, ``IZH_CPU_LINEAR_BLOCKED=0``), oneDNN's serves

@@ -3,7 +3,7 @@
 * ``base.py``: the step as the model runner describes it (``StepAttention``), the backend
   protocol and the per-step metadata protocol every layer calls;
 * ``torch_sdpa.py``: plain torch (SDPA), anywhere, and the reference the others match;
-* ``cpu_kernel.py``: fp32 and bf16 on CPU, the compiled kernel reading K/V in place;
+* ``cpu_kernel.py``: fp32, bf16 and fp16 on CPU, the compiled kernel reading K/V in place;
 * ``triton.py``: the Triton kernels of ``izh_trio.kernels`` (imported only when chosen).
 """
 

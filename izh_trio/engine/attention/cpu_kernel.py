@@ -1,5 +1,6 @@
-"""Paged attention in fp32 or bf16 on CPU through the compiled kernel (``cpu_attention.py``), which
-reads K/V in place from the cache instead of gathering a copy of it in every layer.
+"""Paged attention in fp32, bf16 or fp16 on CPU through the compiled kernel
+(``cpu_attention.py``), which reads K/V in place from the cache instead of gathering a copy of
+it in every layer.
 
 The kernel takes the decodes and the short prefill chunks in one call a layer: a chunk's query
 rows are decode rows that each see the cache up to their own position (the chunk's K/V are

@@ -40,8 +40,8 @@ class RMSNorm(nn.Module):
 
 
 class CpuRMSNorm(RMSNorm):
-    """The same norm, and its residual add, each one compiled C call (fp32 or bf16 on
-    CPU)."""
+    """The same norm, and its residual add, each one compiled C call (fp32, bf16 or fp16
+    on CPU)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return cpu_fused.rms_norm(x, self.weight, self.eps)
@@ -149,7 +149,7 @@ class MLP(nn.Module):
 
 
 class CpuMLP(MLP):
-    """The same MLP with SiLU and its product one compiled C call (fp32 or bf16 on CPU)."""
+    """The same MLP with SiLU and its product one compiled C call (fp32, bf16 or fp16 on CPU)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(cpu_fused.silu_mul(self.gate_up_proj(x)))

@@ -70,7 +70,7 @@ class Attention(nn.Module):
 
 
 class CpuAttention(Attention):
-    """Its RoPE and KV store in one compiled C call (fp32 or bf16 on CPU)."""
+    """Its RoPE and KV store in one compiled C call (fp32, bf16 or fp16 on CPU)."""
 
     def rope_store(self, qkv: torch.Tensor, rotation: Rotation, kv_cache: KVCache,
                    meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -6,7 +6,7 @@ around ``DecoderLayer``s whose attention is Llama's with each q and k head norme
 follows Hugging Face's implementation step for step so that fp32 logits agree to rounding.
 
 Only the architecture is here. Where the engine runs a module otherwise, it swaps it at load
-time: fp32 or bf16 on CPU, the norms, RoPE and KV store for twins on compiled C loops
+time: fp32, bf16 or fp16 on CPU, the norms, RoPE and KV store for twins on compiled C loops
 (``cpu_twins``); linears on CPU for ones on packed oneDNN weights (``cpu_linear.py``); with
 LoRA adapters, the decoder's linears for ones that add the adapters' terms
 (``lora/linear.py``).
@@ -46,7 +46,7 @@ class Attention(llama.Attention):
 
 
 class CpuAttention(Attention):
-    """Its norms, RoPE and KV store in one compiled C call (fp32 or bf16 on CPU)."""
+    """Its norms, RoPE and KV store in one compiled C call (fp32, bf16 or fp16 on CPU)."""
 
     def rope_store(self, qkv: torch.Tensor, rotation: Rotation, kv_cache: KVCache,
                    meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
