@@ -5,10 +5,9 @@
    columns, broadcast, by the same pair of 16 of W's rows and adds both products into one
    fp32 lane per output. fp16 has no such product on most CPUs: its weights are widened
    (exactly) as they are loaded and multiplied in fp32. Sums are fp32; bf16 and fp16 round
-   once at the end, as oneDNN's matmul does. Built and
-   called by cpu_linear_blocked.py with -fopenmp: torch's own libgomp (the same soname,
-   loaded first) runs the threads, so this kernel shares torch's thread pool and follows
-   torch.set_num_threads.
+   once at the end, as oneDNN's matmul does. Built and called by cpu_linear_blocked.py with
+   -fopenmp: torch's own libgomp (the same soname, loaded first) runs the threads, so this
+   kernel shares torch's thread pool and follows torch.set_num_threads.
 
    Why not oneDNN: at the few rows of a decode step a linear is a read of its weight, and
    oneDNN reads its packed weights well under the machine's rate there. Here each thread
@@ -42,7 +41,7 @@ int max_threads(void) { return omp_get_max_threads(); }
 #else
 #define HAVE_BF16 0
 #endif
-#if defined(__F16C__)
+#if defined(__F16C__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define HAVE_F16 1
 #else
 #define HAVE_F16 0
@@ -170,6 +169,7 @@ INLINE void put(__m512 sum, Out o, int64_t row, int v, Kind kind) {
         return;
     }
 #endif
+#if HAVE_BF16  /* its masked 16-bit loads and stores need AVX512-BW, as vdpbf16ps does */
     if (kind == BF16) {
         if (o.bias) {
             __m512i b = _mm512_cvtepu16_epi32(
@@ -186,6 +186,7 @@ INLINE void put(__m512 sum, Out o, int64_t row, int v, Kind kind) {
         _mm256_mask_storeu_epi16((uint16_t *)o.y + at, mask, _mm512_cvtepi32_epi16(r));
         return;
     }
+#endif
     if (o.bias) sum = _mm512_add_ps(sum, _mm512_maskz_loadu_ps(mask, (const float *)o.bias + 16 * v));
     _mm512_mask_storeu_ps((float *)o.y + at, mask, sum);
 }
