@@ -8,10 +8,11 @@ quarter to a half slower than the read bound); this kernel (``csrc/cpu_linear_bl
 keeps each weight in a layout of its own, packed once at load, that every thread streams
 sequentially while up to eight rows are multiplied against it. At many rows (a prefill) it
 stays within a fifth or so of oneDNN's, so one copy of the weights serves both. fp32 needs
-AVX-512, bf16 AVX512-BF16, fp16 AVX-512 with F16C: CPUs without fp16 arithmetic (every
-AMD one, Intel's before Sapphire Rapids) widen its weights as they stream, so an fp16 model
-reads half of fp32's bytes with fp32's arithmetic, where torch's fp16 products on such a
-CPU run several times slower than fp32's. Measure with
+AVX-512; bf16 and fp16 AVX-512 with BW and VL (fp16 F16C too). bf16 is multiplied by
+``vdpbf16ps`` where the CPU has AVX512-BF16; elsewhere, as fp16 on CPUs without fp16
+arithmetic (every AMD one, Intel's before Sapphire Rapids), the weights are widened as they
+stream and multiplied in fp32: half of fp32's bytes with fp32's arithmetic, where torch's
+fp16 products on such a CPU run several times slower than fp32's. Measure with
 ``python -m tools.micro.bench_cpu_linear``; figures in ``tools/bench/results/cpu-kernels.md``.
 
 The kernel runs on torch's own OpenMP runtime (compiled with ``-fopenmp``, it binds to the
@@ -46,6 +47,8 @@ BLOCK = 32
 ROWS_PER_PASS = 8
 #: What ``supported()`` sets for each dtype the kernel was built to serve on this CPU.
 _DTYPE_BITS = {torch.float32: 1, torch.bfloat16: 2, torch.float16: 4}
+#: ``supported()``'s bit for bf16 multiplied in hardware (``vdpbf16ps``), not widened.
+BF16_PRODUCTS = 8
 _ENTRY = {torch.float32: "linear_f32", torch.bfloat16: "linear_bf16",
           torch.float16: "linear_f16"}
 
@@ -53,8 +56,8 @@ _shares_torch_threads: bool | None = None
 
 
 def available(dtype: torch.dtype) -> bool:
-    """Whether the kernel serves ``dtype`` on this CPU (fp32: AVX-512; bf16: AVX512-BF16;
-    fp16: AVX-512 and F16C) and runs on torch's threads."""
+    """Whether the kernel serves ``dtype`` on this CPU (fp32: AVX-512; bf16: with BW and
+    VL; fp16: F16C too) and runs on torch's threads."""
     global _shares_torch_threads
     bit = _DTYPE_BITS.get(dtype, 0)
     if not bit or not _KERNEL.available() or not _KERNEL.lib.supported() & bit:
@@ -70,6 +73,12 @@ def available(dtype: torch.dtype) -> bool:
             torch.set_num_threads(before)
         _shares_torch_threads = all(seen)
     return _shares_torch_threads
+
+
+def bf16_in_hardware() -> bool:
+    """Whether the kernel multiplies bf16 with AVX512-BF16's ``vdpbf16ps`` (twice fp32's
+    products an instruction) rather than widening it to fp32."""
+    return _KERNEL.available() and bool(_KERNEL.lib.supported() & BF16_PRODUCTS)
 
 
 def entry(dtype: torch.dtype) -> int:

@@ -197,30 +197,37 @@ def _eos_ids(model_dir: Path, config: dict[str, Any]) -> tuple[int, ...]:
 
 
 def resolve_dtype(name: str, checkpoint: torch.dtype, device: torch.device,
-                  native_bf16: bool | None = None, fp16_kernels: bool | None = None
-                  ) -> torch.dtype:
-    """The dtype to run in: ``name``, or for ``auto`` the checkpoint's, except on a CPU a
-    half-precision checkpoint runs in bf16 where the CPU multiplies bf16 natively (AVX512-BF16,
-    AMX: ``native_bf16``, asked of oneDNN when not given), an fp16 one too (fp16's range is
-    within bf16's, and CPUs with native fp16 matrix units are rare), as vLLM's CPU backend
-    does. Without native bf16, an fp16 checkpoint stays fp16 where our kernels widen it as they
-    stream (AVX-512 with F16C: ``fp16_kernels``, asked of the kernels when not given): half
-    fp32's bytes, its exact weights. Anything else runs in fp32, which such a CPU would only
-    have emulated more slowly. An fp32 checkpoint stays fp32: it asked for it."""
+                  native_bf16: bool | None = None, fp16_kernels: bool | None = None,
+                  bf16_hardware: bool | None = None) -> torch.dtype:
+    """The dtype to run in: ``name``, or for ``auto`` the checkpoint's, except on a CPU:
+
+    * a bf16 checkpoint runs in bf16 where oneDNN has bf16 kernels (``native_bf16``, asked of
+      it when not given: AVX512-BF16 or AMX, or AVX-512 with BW, VL and DQ, where it and our
+      kernels widen bf16 to fp32 as they read it), else in fp32, which such a CPU would only
+      have emulated more slowly;
+    * an fp16 one runs in bf16 where bf16 is multiplied in hardware (``bf16_hardware``:
+      AVX512-BF16's ``vdpbf16ps``, asked of our linear kernel when not given), as vLLM's CPU
+      backend casts fp16 to bf16 (faster at a batch; fp16's range fits bf16's); else in fp16
+      where our kernels widen it as they stream (``fp16_kernels``: AVX-512 with F16C; half
+      fp32's bytes, the checkpoint's exact weights); else as a bf16 one would.
+
+    An fp32 checkpoint stays fp32: it asked for it."""
     if name != "auto":
         return _DTYPES[name]
     if device.type != "cpu" or checkpoint == torch.float32:
         return checkpoint
-    if native_bf16 is None:
-        native_bf16 = cpu_has_native_bf16()
-    if native_bf16:
-        return torch.bfloat16
     if checkpoint == torch.float16:
+        if bf16_hardware is None:
+            bf16_hardware = cpu_linear_blocked.bf16_in_hardware()
+        if bf16_hardware:
+            return torch.bfloat16
         if fp16_kernels is None:
             fp16_kernels = cpu_serves_fp16()
         if fp16_kernels:
             return torch.float16
-    return torch.float32
+    if native_bf16 is None:
+        native_bf16 = cpu_has_native_bf16()
+    return torch.bfloat16 if native_bf16 else torch.float32
 
 
 def cpu_serves_fp16() -> bool:
@@ -231,7 +238,8 @@ def cpu_serves_fp16() -> bool:
 
 
 def cpu_has_native_bf16() -> bool:
-    """Whether oneDNN runs bf16 matrix products in hardware on this CPU."""
+    """Whether oneDNN has bf16 kernels on this CPU: in hardware (AVX512-BF16, AMX) or on
+    AVX-512 with BW, VL and DQ, widening to fp32 (elsewhere bf16 runs on slow generic code)."""
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (RuntimeError, AttributeError):

@@ -1,9 +1,16 @@
 """The blocked linear kernel against the exact product of the same values: in fp32 within
 fp32 summation's bound, in bf16 and fp16 one rounding from the fp32 sums, at any row count,
-thread count and shape (odd K, N off the block), with and without a bias; and how
+thread count and shape (odd K, N off the block), with and without a bias, as built here and
+as built for a CPU with AVX-512 but no AVX512-BF16 (bf16 widened as it streams); and how
 ``pack_linears`` chooses it."""
 
 from __future__ import annotations
+
+import ctypes
+import platform
+import shutil
+import subprocess
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -25,6 +32,42 @@ DTYPES = [pytest.param(torch.float32, marks=needs_fp32),
           pytest.param(torch.float16, marks=needs_f16)]
 
 
+_WIDENING: list[ctypes.CDLL] = []
+
+
+def _widening_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """The kernel built for Skylake-SP's flags (AVX-512 with BW, VL and F16C, no
+    AVX512-BF16), which this CPU also runs: bf16 takes the widening path there."""
+    if not _WIDENING:
+        if platform.machine().lower() not in ("x86_64", "amd64"):
+            pytest.skip("not x86")
+        compiler = shutil.which("cc") or shutil.which("gcc")
+        assert compiler is not None  # available() found one
+        flags = ["-O3", "-march=skylake-avx512", "-fopenmp", "-shared", "-fPIC"]
+        defines = subprocess.run([compiler, *flags[1:2], "-dM", "-E", "-"], input="",
+                                 capture_output=True, text=True, check=True).stdout
+        assert "__AVX512BF16__" not in defines and "__AVX512BW__" in defines
+        tmp = tmp_path_factory.mktemp("widening")
+        src, so = tmp / "linear.c", tmp / "linear.so"
+        src.write_text(cpu_linear_blocked._KERNEL.source())
+        subprocess.run([compiler, *flags, str(src), "-o", str(so)], check=True)
+        lib = ctypes.CDLL(str(so))
+        for name, (restype, argtypes) in cpu_linear_blocked._KERNEL.signatures.items():
+            getattr(lib, name).restype, getattr(lib, name).argtypes = restype, list(argtypes)
+        assert lib.supported() == 7  # fp32, bf16 (widened: no BF16_PRODUCTS) and fp16
+        _WIDENING.append(lib)
+    return _WIDENING[0]
+
+
+@pytest.fixture(params=["here", "no-avx512-bf16"])
+def build(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+          monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Runs a test on the engine's build, then on the build for a CPU without AVX512-BF16."""
+    if request.param != "here":
+        monkeypatch.setattr(cpu_linear_blocked._KERNEL, "_lib", _widening_lib(tmp_path_factory))
+    yield request.param
+
+
 def _exact(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     """The product of the bf16 or fp16 values in float64, before any rounding."""
     return F.linear(x.double(), w.double(), None if b is None else b.double())
@@ -34,8 +77,9 @@ def _exact(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Te
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(("n", "k"), [(96, 256), (40, 97), (33, 1024), (1, 2), (200, 3)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_within_the_rounding_of_the_exact_product(dtype: torch.dtype, threads: int, n: int,
-                                                   k: int, bias: bool) -> None:
+def test_within_the_rounding_of_the_exact_product(build: str, dtype: torch.dtype,
+                                                   threads: int, n: int, k: int,
+                                                   bias: bool) -> None:
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -69,7 +113,7 @@ def test_within_the_rounding_of_the_exact_product(dtype: torch.dtype, threads: i
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_leading_dims_and_empty_batches(dtype: torch.dtype) -> None:
+def test_leading_dims_and_empty_batches(build: str, dtype: torch.dtype) -> None:
     w = torch.randn(24, 64).to(dtype)
     layer = BlockedLinear(cpu_linear_blocked.pack(w), None, 64, 24)
     x = torch.randn(2, 5, 64).to(dtype)

@@ -26,20 +26,26 @@ MORE_PROMPTS = [[5, 6], [1500, 300, 20, 1700, 11, 400], list(range(900, 960, 3))
 LOGIT_TOLERANCE = {"bfloat16": 0.02, "float16": 0.0025}
 
 
-@pytest.mark.parametrize(("setting", "checkpoint", "native", "fp16", "want"), [
-    ("auto", torch.float32, True, True, torch.float32),  # an fp32 checkpoint asked for fp32
-    ("auto", torch.bfloat16, True, True, torch.bfloat16),
-    ("auto", torch.bfloat16, False, True, torch.float32),  # emulated bf16 is slower than fp32
-    ("auto", torch.float16, True, True, torch.bfloat16),  # as vLLM's CPU backend does
-    ("auto", torch.float16, False, True, torch.float16),  # our kernels widen it: half the bytes
-    ("auto", torch.float16, False, False, torch.float32),  # torch's emulated fp16 is slower
-    ("float32", torch.bfloat16, True, True, torch.float32),
-    ("bfloat16", torch.float32, False, False, torch.bfloat16),  # asked for: done, however slow
-    ("float16", torch.bfloat16, True, False, torch.float16),
+@pytest.mark.parametrize(("setting", "checkpoint", "native", "fp16", "hardware", "want"), [
+    # an fp32 checkpoint asked for fp32
+    ("auto", torch.float32, True, True, True, torch.float32),
+    ("auto", torch.bfloat16, True, True, True, torch.bfloat16),
+    ("auto", torch.bfloat16, True, True, False, torch.bfloat16),  # widened as it streams
+    ("auto", torch.bfloat16, False, True, False, torch.float32),  # emulated: slower than fp32
+    ("auto", torch.float16, True, True, True, torch.bfloat16),  # as vLLM's CPU backend does
+    ("auto", torch.float16, True, True, False, torch.float16),  # widened either way: exact
+    ("auto", torch.float16, False, True, False, torch.float16),
+    ("auto", torch.float16, True, False, False, torch.bfloat16),  # no fp16 kernels here
+    ("auto", torch.float16, False, False, False, torch.float32),  # torch's fp16 is slower
+    ("float32", torch.bfloat16, True, True, True, torch.float32),
+    # asked for: done, however slow
+    ("bfloat16", torch.float32, False, False, False, torch.bfloat16),
+    ("float16", torch.bfloat16, True, False, True, torch.float16),
 ])
 def test_auto_dtype_on_cpu(setting: str, checkpoint: torch.dtype, native: bool, fp16: bool,
-                           want: torch.dtype) -> None:
-    assert resolve_dtype(setting, checkpoint, CPU, native_bf16=native, fp16_kernels=fp16) == want
+                           hardware: bool, want: torch.dtype) -> None:
+    assert resolve_dtype(setting, checkpoint, CPU, native_bf16=native, fp16_kernels=fp16,
+                         bf16_hardware=hardware) == want
 
 
 def test_auto_dtype_elsewhere_is_the_checkpoints() -> None:

@@ -36,12 +36,21 @@ int max_threads(void) { return omp_get_max_threads(); }
 #include <immintrin.h>
 #include <stdlib.h>
 
-#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+/* 16-bit elements need AVX512-BW and VL (their masked loads and stores). bf16 is served
+   wherever they are: multiplied by vdpbf16ps where the CPU has AVX512-BF16 (HAVE_BF16),
+   else each pair widened as it streams (a shift and a mask: a bf16 is the upper half of an
+   fp32) and multiplied in fp32, as fp16 is after F16C's conversion. */
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+#define HAVE_BW 1
+#else
+#define HAVE_BW 0
+#endif
+#if defined(__AVX512BF16__) && HAVE_BW
 #define HAVE_BF16 1
 #else
 #define HAVE_BF16 0
 #endif
-#if defined(__F16C__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#if defined(__F16C__) && HAVE_BW
 #define HAVE_F16 1
 #else
 #define HAVE_F16 0
@@ -51,16 +60,18 @@ int max_threads(void) { return omp_get_max_threads(); }
 typedef enum { F32, BF16, F16 } Kind;
 
 INLINE int64_t esize(Kind kind) { return kind == F32 ? 4 : 2; }  /* bytes of an element */
-INLINE int64_t group(Kind kind) { return kind == BF16 ? 2 : 1; }  /* columns a step takes */
+INLINE int64_t group(Kind kind) { return kind == BF16 ? 2 : 1; }  /* W's columns a step takes */
+/* x's columns a packed word holds: a bf16 pair for vdpbf16ps, else one fp32 value */
+INLINE int64_t xgroup(Kind kind) { return kind == BF16 && HAVE_BF16 ? 2 : 1; }
 
 /* Words [w0, w1) of x's rows, TM rows a group, laid out so that a step's TM broadcasts read
-   one cache line: [M / TM][KP / G][TM][G] where G is a step's columns (1 in fp32 and fp16;
-   in bf16 a pair, K padded even: KP) and rows past M are zeros. A word is 4 bytes: one fp32
-   column, an fp16 column widened to fp32, or a bf16 pair (an odd K's last pair is its last
-   column and a zero). */
+   one cache line: [M / TM][KP / G][TM][G] where G is a word's columns (xgroup: 2 for
+   vdpbf16ps's bf16 pairs, else 1; bf16's K padded even: KP) and rows and columns past x's
+   are zeros. A word is 4 bytes: one fp32 column, an fp16 or bf16 column widened to fp32, or
+   a bf16 pair (an odd K's last pair is its last column and a zero). */
 INLINE void pack_rows(const void *x, void *xt, int64_t m_len, int64_t k_len, int64_t kp,
                       int64_t w0, int64_t w1, Kind kind) {
-    const int64_t words = kp / group(kind), whole = k_len / group(kind);
+    const int64_t words = kp / xgroup(kind), whole = k_len / xgroup(kind);
     const int64_t end = w1 < whole ? w1 : whole;
     for (int64_t row = 0; row < (m_len + TM - 1) / TM * TM; row++) {
         uint32_t *dst = (uint32_t *)xt + row / TM * words * TM + row % TM;
@@ -80,6 +91,14 @@ INLINE void pack_rows(const void *x, void *xt, int64_t m_len, int64_t k_len, int
             continue;
         }
 #endif
+        if (kind == BF16 && !HAVE_BF16) {
+            for (int64_t k = w0; k < w1; k++) {
+                uint16_t h = 0;  /* K odd: the padding column is a zero */
+                if (k < k_len) memcpy(&h, src + 2 * k, 2);
+                dst[k * TM] = (uint32_t)h << 16;
+            }
+            continue;
+        }
         for (int64_t k = w0; k < end; k++) {
             uint32_t v;
             memcpy(&v, src + 4 * k, 4);
@@ -97,6 +116,7 @@ INLINE void pack_rows(const void *x, void *xt, int64_t m_len, int64_t k_len, int
    k + 1 (bf16, k even), of W and of the packed rows. */
 INLINE void step(__m512 acc[][2], const void *xt, const void *block, int64_t k, int MB,
                  Kind kind) {
+    (void)kind;  /* fp32's only, without AVX512-BW */
 #if HAVE_BF16
     if (kind == BF16) {
         const uint16_t *wk = (const uint16_t *)block + k * NB;  /* (k / 2) * NB * 2 */
@@ -109,6 +129,23 @@ INLINE void step(__m512 acc[][2], const void *xt, const void *block, int64_t k, 
             __m512bh xv = (__m512bh)_mm512_set1_epi32((int)v);
             acc[m][0] = _mm512_dpbf16_ps(acc[m][0], xv, w0);
             acc[m][1] = _mm512_dpbf16_ps(acc[m][1], xv, w1);
+        }
+        return;
+    }
+#elif HAVE_BW
+    if (kind == BF16) {  /* each pair split into column k's values and column k + 1's */
+        const uint16_t *wk = (const uint16_t *)block + k * NB;  /* (k / 2) * NB * 2 */
+        const __m512i p0 = _mm512_loadu_si512(wk), p1 = _mm512_loadu_si512(wk + 32);
+        const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
+        const __m512 e0 = _mm512_castsi512_ps(_mm512_slli_epi32(p0, 16));
+        const __m512 o0 = _mm512_castsi512_ps(_mm512_and_si512(p0, high));
+        const __m512 e1 = _mm512_castsi512_ps(_mm512_slli_epi32(p1, 16));
+        const __m512 o1 = _mm512_castsi512_ps(_mm512_and_si512(p1, high));
+        const float *xk = (const float *)xt + k * TM;  /* column k's rows, then k + 1's */
+        for (int m = 0; m < MB; m++) {
+            const __m512 xe = _mm512_set1_ps(xk[m]), xo = _mm512_set1_ps(xk[TM + m]);
+            acc[m][0] = _mm512_fmadd_ps(xo, o0, _mm512_fmadd_ps(xe, e0, acc[m][0]));
+            acc[m][1] = _mm512_fmadd_ps(xo, o1, _mm512_fmadd_ps(xe, e1, acc[m][1]));
         }
         return;
     }
@@ -154,6 +191,7 @@ typedef struct {
 /* y's 16 columns [16 v, 16 v + 16) of a row: sum + bias, in bf16 rounded to nearest, ties to
    even, NaN as torch's one (0x7FC0), as torch rounds; in fp16 to nearest even by F16C. */
 INLINE void put(__m512 sum, Out o, int64_t row, int v, Kind kind) {
+    (void)kind;  /* fp32's only, without AVX512-BW */
     const int lanes = o.valid - 16 * v < 0 ? 0 : o.valid - 16 * v > 16 ? 16 : o.valid - 16 * v;
     const __mmask16 mask = (__mmask16)((1u << lanes) - 1u);
     if (!lanes) return;
@@ -169,7 +207,7 @@ INLINE void put(__m512 sum, Out o, int64_t row, int v, Kind kind) {
         return;
     }
 #endif
-#if HAVE_BF16  /* its masked 16-bit loads and stores need AVX512-BW, as vdpbf16ps does */
+#if HAVE_BW  /* its masked 16-bit loads and stores */
     if (kind == BF16) {
         if (o.bias) {
             __m512i b = _mm512_cvtepu16_epi32(
@@ -255,7 +293,7 @@ INLINE void pass_rows(const void *xt, const void *block, int64_t k0, int64_t k1,
 INLINE void blocks(const void *xt, const void *w, const void *bias, void *y, int64_t m_len,
                    int64_t n_len, int64_t kp, int64_t b0, int64_t b1,
                    float *part /* [m_len][NB] */, Kind kind) {
-    const int64_t size = esize(kind), words = kp / group(kind);
+    const int64_t size = esize(kind), words = kp / xgroup(kind);
     /* one pass streams the block once, unchunked */
     const int64_t chunk = m_len <= TM ? kp : CHUNK_BYTES / (NB * size);
     for (int64_t b = b0; b < b1; b++) {
@@ -282,7 +320,7 @@ INLINE int linear(const void *x, const void *w, const void *bias, void *y, int64
                   int64_t n_len, int64_t k_len, float *part, int64_t slots, Kind kind) {
     const int64_t total = (n_len + NB - 1) / NB;
     const int64_t kp = (k_len + group(kind) - 1) / group(kind) * group(kind);
-    const int64_t words = kp / group(kind);  /* of 4 bytes, a row's packed columns */
+    const int64_t words = kp / xgroup(kind);  /* of 4 bytes, a row's packed columns */
     void *xt = NULL;
     if (posix_memalign(&xt, 64, (size_t)((m_len + TM - 1) / TM * TM * words * 4)) != 0)
         return -1;
@@ -318,8 +356,11 @@ INLINE int linear(const void *x, const void *w, const void *bias, void *y, int64
 }
 
 /* The dtypes served on this CPU, as bits: 1 fp32, 2 bf16, 4 fp16
-   (cpu_linear_blocked._DTYPE_BITS). */
-int supported(void) { return 1 | (HAVE_BF16 ? 2 : 0) | (HAVE_F16 ? 4 : 0); }
+   (cpu_linear_blocked._DTYPE_BITS); and 8 where bf16 is multiplied by vdpbf16ps rather than
+   widened (cpu_linear_blocked.BF16_PRODUCTS). */
+int supported(void) {
+    return 1 | (HAVE_BW ? 2 : 0) | (HAVE_F16 ? 4 : 0) | (HAVE_BF16 ? 8 : 0);
+}
 
 /* y = x @ W^T (+ bias): x [m_len, k_len], W packed by cpu_linear_blocked.pack from
    [n_len, k_len], bias [n_len] or NULL, y [m_len, n_len]; contiguous, all of one dtype.
@@ -333,7 +374,7 @@ int linear_f32(const float *x, const float *w, const float *bias, float *y, int6
 
 int linear_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *bias, uint16_t *y,
                 int64_t m_len, int64_t n_len, int64_t k_len, float *part, int64_t slots) {
-    return HAVE_BF16 ? linear(x, w, bias, y, m_len, n_len, k_len, part, slots, BF16) : -1;
+    return HAVE_BW ? linear(x, w, bias, y, m_len, n_len, k_len, part, slots, BF16) : -1;
 }
 
 int linear_f16(const uint16_t *x, const uint16_t *w, const uint16_t *bias, uint16_t *y,
