@@ -94,9 +94,9 @@ class Settings:
         "--gpu-memory-utilization on CUDA)", validator=v.optional(v.ge(1)))
     kv_cache_gib: float = setting(1.0, "KV-cache size in GiB on CPU", validator=v.gt(0))
     dtype: str = setting(
-        "auto", "the model's dtype (auto: the checkpoint's; on CPU a bf16 or fp16 one runs in "
-        "bf16 where the CPU has native bf16, else an fp16 one in fp16 where AVX-512 and F16C "
-        "widen it, else fp32)", choices=DTYPES)
+        "auto", "the model's dtype (auto: the checkpoint's, except on CPU an fp16 one runs in "
+        "bf16 where the CPU multiplies bf16 natively, and a bf16 or fp16 one in fp32 where "
+        "no AVX-512 serves it)", choices=DTYPES)
     device: str = setting("cpu", "cpu, cuda or cuda:N")
     attention_backend: str = setting(
         "auto", "auto: triton kernels on CUDA, the torch path on CPU", choices=ATTENTION_BACKENDS)
