@@ -39,7 +39,6 @@ _KERNEL = cbuild.Kernel(
 #: entry needs a compiler with ``_Float16``.
 _ENTRY = {torch.float32: "paged_decode", torch.bfloat16: "paged_decode_bf16",
           torch.float16: "paged_decode_f16"}
-DTYPES = tuple(_ENTRY)
 
 
 def available() -> bool:

@@ -56,8 +56,6 @@ _KERNEL = cbuild.Kernel(
                 for suffix in _SUFFIX.values()},
     extra_flags=("-ffp-contract=off", "-fopenmp"))
 
-#: The dtypes the kernels are written for (``serves`` says which this build has).
-DTYPES = tuple(_SUFFIX)
 #: Values a call reads from which its rows are split between torch's threads
 #: (``PARALLEL_MIN`` in the C source); below, one thread. A decode step of eight rows of
 #: Qwen3-0.6B's shape is past it (tools/bench/results/cpu-kernels.md).

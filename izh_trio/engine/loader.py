@@ -222,7 +222,7 @@ def resolve_dtype(name: str, checkpoint: torch.dtype, device: torch.device,
         if bf16_hardware:
             return torch.bfloat16
         if fp16_kernels is None:
-            fp16_kernels = cpu_serves_fp16()
+            fp16_kernels = cpu_kernels_serve(torch.float16)
         if fp16_kernels:
             return torch.float16
     if native_bf16 is None:
@@ -230,11 +230,11 @@ def resolve_dtype(name: str, checkpoint: torch.dtype, device: torch.device,
     return torch.bfloat16 if native_bf16 else torch.float32
 
 
-def cpu_serves_fp16() -> bool:
-    """Whether every kernel of an fp16 CPU model is ours (the blocked linear, the fused
-    kernels and the attention), not torch's emulated fp16."""
-    return (cpu_linear_blocked.available(torch.float16) and cpu_fused.serves(torch.float16)
-            and cpu_attention.serves(torch.float16))
+def cpu_kernels_serve(dtype: torch.dtype) -> bool:
+    """Whether every kernel of a ``dtype`` CPU model is ours (the blocked linear, the fused
+    kernels and the attention), not torch's path (for fp16, an emulated one)."""
+    return (cpu_linear_blocked.available(dtype) and cpu_fused.serves(dtype)
+            and cpu_attention.serves(dtype))
 
 
 def cpu_has_native_bf16() -> bool:

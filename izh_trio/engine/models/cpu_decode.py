@@ -30,6 +30,7 @@ from torch import nn
 from izh_trio.engine import cbuild, cpu_attention, cpu_fused, cpu_linear_blocked
 from izh_trio.engine.attention.cpu_kernel import CpuKernelMetadata
 from izh_trio.engine.cpu_linear import PackedLinear
+from izh_trio.engine.loader import cpu_kernels_serve
 from izh_trio.engine.models import llama, qwen3
 from izh_trio.engine.models.base import DecoderStack
 from izh_trio.engine.models.layers import CpuMLP, CpuRMSNorm, DecoderLayer, KVCache, Rotation
@@ -194,8 +195,7 @@ def build(model: nn.Module) -> DecodeLayers | None:
     dtype = model.embed_tokens.weight.dtype
     if model.embed_tokens.weight.device.type != "cpu":
         return None
-    if not (cpu_fused.serves(dtype) and cpu_attention.serves(dtype)
-            and cpu_linear_blocked.available(dtype) and _KERNEL.available()):
+    if not (cpu_kernels_serve(dtype) and _KERNEL.available()):
         return None
     layers = [_layer(layer, dtype) for layer in model.layers]
     if any(got is None for got in layers):
