@@ -9,7 +9,7 @@ from quart import g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
-from izh_trio.frontend import protocol_errors
+from izh_trio.frontend import connection_cycles, protocol_errors
 from izh_trio.frontend.access_log import with_access_log
 from izh_trio.frontend.asgi import close_unless_body_read, shield_last_send
 from izh_trio.frontend.auth import OPEN_PATHS, authorized, bearer_token, key_bytes
@@ -49,6 +49,7 @@ def create_app(settings: Settings) -> QuartTrio:
 
     keys = key_bytes(server.api_keys)
     protocol_errors.install()  # hypercorn's own 400/431 answers, in OpenAI's shape
+    connection_cycles.install()  # a closed connection freed at once, not by a collection
 
     @app.before_request
     async def _authenticate() -> Any:

@@ -93,4 +93,5 @@ class LoopLag:
         self.gc_pauses.labels(str(info["generation"])).observe(pause)
         if pause >= WARN_AFTER / 2:
             log.warning("a garbage collection of generation %d took %.0f ms (%d objects "
-                        "tracked)", info["generation"], pause * 1000, len(gc.get_objects()))
+                        "freed, %d tracked)", info["generation"], pause * 1000,
+                        info["collected"], len(gc.get_objects()))

@@ -149,7 +149,7 @@ class RequestStream:
         self._set_error(EngineError(message))
 
     def _set_error(self, error: EngineError) -> None:
-        if self._error is None:
+        if self._error is None and not self.exhausted:
             self._error = error
         self._notifier.notify()
 
@@ -167,8 +167,13 @@ class RequestStream:
         if self.exhausted:
             return None
         if self._error is not None:
+            # Raised once and not kept (nor held by a local): its traceback's frames refer
+            # to this stream, a reference cycle for every failed request otherwise.
             self.exhausted = True
-            raise self._error
+            try:
+                raise self._error
+            finally:
+                self._error = None
         if not self._has_news or not (held or self._due()):
             return None
         self._taken_any = True

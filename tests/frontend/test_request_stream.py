@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import trio
 
 from izh_trio.frontend.request_stream import EngineError, Notifier, RequestStream, StreamState
 from izh_trio.wire import FinishReason, ProtocolError, RequestOutput
+from tests.refcycles import cyclic_collector_off
 
 
 def _out(tokens: list[int], n_out: int, reason: FinishReason | None = None) -> RequestOutput:
@@ -73,6 +76,26 @@ async def test_a_rejection_is_raised_once() -> None:
     assert stream.take_nowait() is None and stream.exhausted
     stream.abort()
     assert aborts == []  # the core never took it
+
+
+def test_a_raised_error_is_not_kept() -> None:
+    """Its traceback refers to the stream: kept, every failed request would be a reference
+    cycle, left for the cyclic collector (a pause of the event loop)."""
+    with cyclic_collector_off():
+        stream, _ = _stream()
+        stream.failed_in_core("bad prompt", rejected=True)
+        stream.fail("the engine died")  # after the first error: ignored
+        gone = weakref.ref(stream)
+        try:
+            stream.take_nowait()
+        except EngineError as exc:
+            assert str(exc) == "bad prompt" and exc.__traceback__ is not None
+        else:
+            raise AssertionError("the error was not raised")
+        stream.fail("the engine died")  # after the consumer took the end: ignored
+        assert stream.take_nowait() is None
+        del stream
+        assert gone() is None
 
 
 async def test_a_stream_interval_wakes_for_the_first_token_every_nth_and_the_end(

@@ -4,6 +4,7 @@ its stream of events (each validated by the ``openai`` SDK's models) and its fai
 from __future__ import annotations
 
 import json
+import weakref
 from typing import Any
 
 import pydantic
@@ -18,6 +19,7 @@ from izh_trio.frontend.responses.output_items import ReasoningTokens
 from izh_trio.frontend.serving.api import Head
 from izh_trio.frontend.serving.pipeline import _events
 from izh_trio.wire import SamplingParams
+from tests.refcycles import cyclic_collector_off
 
 HEAD = Head("resp_0", 0, "m", "fp_0")
 SPEC = ChoiceSpec(0, [5, 6, 7], SamplingParams())
@@ -155,3 +157,19 @@ def test_reasoning_tokens_run_from_think_to_its_end() -> None:
     plain = ReasoningTokens(THINK, UNTHINK)
     assert plain.take([1, THINK, 2]) == 0 and plain.count == 0
     assert ReasoningTokens(None, None).take([1]) == 0
+
+
+def test_an_answered_response_is_freed_by_reference_counting() -> None:
+    """Its items say their events to an object apart from it: a bound method of the
+    response would make every response a reference cycle, left to the cyclic collector."""
+    with cyclic_collector_off():
+        output = _output([TOOL])
+        events: list[bytes] = []
+        output.opening(events)
+        for delta in _deltas("tool_calls"):
+            output.stream(delta, events)
+        output.closing(events)
+        assert events and output.body()["status"] == "completed"
+        gone = weakref.ref(output)
+        del output
+        assert gone() is None

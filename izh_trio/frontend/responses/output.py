@@ -15,6 +15,8 @@ import enum
 import time
 from typing import Any
 
+import attrs
+
 from izh_trio.frontend import sse
 from izh_trio.frontend.chat_tools import ToolPlan
 from izh_trio.frontend.errors import APIError
@@ -49,6 +51,26 @@ RUNNING = (ResponseStatus.QUEUED, ResponseStatus.IN_PROGRESS)
 _ERROR_CODES = {400: "invalid_prompt", 429: "rate_limit_exceeded"}
 
 
+@attrs.define
+class _Events:
+    """Where a response's events go, numbered. Apart from the response: its items say their
+    events here, and a bound method of the response would make each one a reference cycle."""
+
+    #: Every event said, for a background response's store; None: not kept.
+    log: list[dict[str, Any]] | None
+    sink: list[bytes] | None = None  # None: a plain answer, no events
+    sequence: int = 0
+
+    def emit(self, event: dict[str, Any]) -> None:
+        if self.sink is None:
+            return
+        event = {"type": event["type"], "sequence_number": self.sequence, **event}
+        self.sequence += 1
+        self.sink.append(sse.typed(event["type"], event))
+        if self.log is not None:
+            self.log.append(event)
+
+
 class ResponsesOutput:
     def __init__(self, head: Head, response_id: str, spec: ChoiceSpec, plan: ToolPlan,
                  echo: dict[str, Any], *, reasoning: ReasoningTokens,
@@ -66,18 +88,9 @@ class ResponsesOutput:
         self._echo = echo  # the request's settings, as every response object repeats them
         self._error: dict[str, Any] | None = None
         self._completed_at: int | None = None
-        self._sink: list[bytes] | None = None  # where events go; None: a plain answer
-        self._sequence = 0
+        self._events = _Events(self.log)
+        self._emit = self._events.emit
         self.items = OutputItems(plan, reasoning, logprobs, self._emit)
-
-    def _emit(self, event: dict[str, Any]) -> None:
-        if self._sink is None:
-            return
-        event = {"type": event["type"], "sequence_number": self._sequence, **event}
-        self._sequence += 1
-        self._sink.append(sse.typed(event["type"], event))
-        if self.log is not None:
-            self.log.append(event)
 
     def _move(self, status: ResponseStatus) -> None:
         if status not in _NEXT[self.status]:
@@ -97,7 +110,7 @@ class ResponsesOutput:
         return self.response()
 
     def opening(self, events: list[bytes]) -> None:
-        self._sink = events
+        self._events.sink = events
         if self.status is ResponseStatus.QUEUED:  # created, and said so, already
             self._move(ResponseStatus.IN_PROGRESS)
         else:
@@ -106,7 +119,7 @@ class ResponsesOutput:
 
     def queued(self, events: list[bytes]) -> None:
         """A background response is created: its first event, said before it begins."""
-        self._sink = events
+        self._events.sink = events
         self._emit({"type": "response.created", "response": self.response()})
 
     def cancel(self) -> None:
@@ -116,17 +129,17 @@ class ResponsesOutput:
         self._move(ResponseStatus.CANCELLED)
 
     def stream(self, delta: ChoiceDelta, events: list[bytes]) -> None:
-        self._sink = events
+        self._events.sink = events
         self.add(delta)
 
     def closing(self, events: list[bytes]) -> None:
-        self._sink = events
+        self._events.sink = events
         if self.status in RUNNING:  # every choice ends with a finish
             raise RuntimeError("the generation ended without finishing its response")
         self._emit({"type": f"response.{self.status.value}", "response": self.response()})
 
     def failing(self, error: APIError, events: list[bytes]) -> None:
-        self._sink = events
+        self._events.sink = events
         self.items.abandon()
         self._move(ResponseStatus.FAILED)
         self._error = {"code": _ERROR_CODES.get(error.status, "server_error"),
