@@ -13,7 +13,7 @@ from izh_trio.frontend import connection_cycles, protocol_errors
 from izh_trio.frontend.access_log import with_access_log
 from izh_trio.frontend.asgi import close_unless_body_read, shield_last_send
 from izh_trio.frontend.auth import OPEN_PATHS, authorized, bearer_token, key_bytes
-from izh_trio.frontend.errors import APIError, error_body
+from izh_trio.frontend.errors import APIError, error_body, forget_tracebacks
 from izh_trio.frontend.messages.errors import anthropic_error, anthropic_status, speaks_anthropic
 from izh_trio.frontend.messages.route import bp as messages_bp
 from izh_trio.frontend.metrics import refusal_of
@@ -82,6 +82,9 @@ def create_app(settings: Settings) -> QuartTrio:
         _count_refusal(status, None)
         headers = {"Allow": ", ".join(exc.valid_methods)} if isinstance(
             exc, MethodNotAllowed) and exc.valid_methods else {}
+        # A routing error is kept on the request, and its traceback's frames refer to the
+        # request: a cycle per 404 or 405 otherwise (a scanner's every probe).
+        forget_tracebacks(exc)
         return _error(status, exc.description or exc.name, headers=headers)
 
     @app.errorhandler(Exception)

@@ -25,6 +25,23 @@ def innermost_message(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+def forget_tracebacks(exc: BaseException) -> None:
+    """Drop the tracebacks of a handled exception, the exceptions it groups and its context:
+    cattrs keeps a group's members in a list local to the frame that raises the group, so
+    each bad value would otherwise be a reference cycle for the cyclic collector."""
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        e.__traceback__ = None
+        todo.extend(x for x in (e.__context__, e.__cause__) if x is not None)
+        if isinstance(e, BaseExceptionGroup):
+            todo.extend(e.exceptions)
+
+
 class APIError(Exception):
     """Raised anywhere in a route; the app turns it into the error body and status."""
 

@@ -16,7 +16,7 @@ import attrs
 import cattrs
 from attrs import validators as v
 
-from izh_trio.frontend.errors import APIError, innermost_message
+from izh_trio.frontend.errors import APIError, forget_tracebacks, innermost_message
 from izh_trio.frontend.field_checks import refused
 
 T = TypeVar("T", bound=attrs.AttrsInstance)
@@ -271,6 +271,7 @@ def parse_body(cls: type[T], body: Any) -> T:
             values[field.name] = api_converter.structure(raw, field.type)
         except Exception as exc:  # whatever a client's value breaks is the client's 400
             detail = innermost_message(exc)
+            forget_tracebacks(exc)
             raise APIError(400, f"invalid '{field.name}': {detail}", param=field.name) from None
     try:
         return cls(**values)

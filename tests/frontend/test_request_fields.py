@@ -3,6 +3,7 @@ translation, reasoning_effort's template switch, and the system fingerprint's in
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import pytest
@@ -14,9 +15,24 @@ from izh_trio.frontend.errors import APIError
 from izh_trio.frontend.fingerprint import compute
 from izh_trio.frontend.routes.tokenize import DetokenizeRequest
 from izh_trio.frontend.schemas import ChatCompletionRequest, CompletionRequest, parse_body
+from tests.refcycles import cyclic_collector_off
 
 HI = [{"role": "user", "content": "hi"}]
 GET_TIME = {"name": "get_time", "parameters": {"type": "object"}}
+
+
+@pytest.mark.parametrize("body", [
+    {"messages": HI, "stop_token_ids": [1, "x"]},
+    {"messages": HI, "stream_options": {"include_usage": [1]}},
+    {"messages": HI, "logit_bias": {"1": "x"}},
+], ids=["list", "nested", "map"])
+def test_a_bad_value_leaves_no_garbage_cycle(body: dict) -> None:
+    """cattrs keeps a group's members in a list local to the frame that raised the group: a
+    400 that kept those tracebacks left a reference cycle for the cyclic collector."""
+    with cyclic_collector_off():
+        with pytest.raises(APIError):
+            parse_body(ChatCompletionRequest, body)
+        assert gc.collect() == 0
 
 
 def test_null_is_the_default_but_keeps_a_meaning_of_its_own() -> None:
