@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import collections
 import gc
+import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -128,3 +131,18 @@ async def test_no_request_leaves_a_reference_cycle(client: Any) -> None:
                 left[f"{method} {path} {body}"] = found
                 print(path, kinds.most_common(8))
     assert not left, f"objects in reference cycles a request: {left}"
+
+
+def test_the_connection_churn_tool_reports_the_collector(server: str) -> None:
+    """``tools/bench/connection_churn.py``, as a user runs it, against a real server."""
+    root = Path(__file__).resolve().parents[2]
+    run = subprocess.run([sys.executable, "-m", "tools.bench.connection_churn", "--base",
+                          server, "--requests", "8", "--model", MODEL], cwd=root,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = run.stdout.splitlines()
+    assert re.fullmatch(r"8 requests, a connection each, in [\d.]+ s", lines[0]), lines
+    assert re.fullmatch(r"first-generation collections: \d+, objects freed \d+, pauses \d+ "
+                        r"ms in all, the longest (-|<= [\d.]+ ms)", lines[1]), lines
+    assert re.fullmatch(r"worst event-loop lag since start \d+ ms, stalls of the server's "
+                        r"own \d+", lines[2]), lines
