@@ -26,9 +26,10 @@ def innermost_message(exc: BaseException) -> str:
 
 
 def forget_tracebacks(exc: BaseException) -> None:
-    """Drop the tracebacks of a handled exception, the exceptions it groups and its context:
-    cattrs keeps a group's members in a list local to the frame that raises the group, so
-    each bad value would otherwise be a reference cycle for the cyclic collector."""
+    """Drop the tracebacks of an exception answered for good, of those it groups and of its
+    context: their frames often refer back to it (cattrs keeps a group's members in a list
+    local to the raising frame; quart keeps a routing error on the request), a reference
+    cycle per refused request otherwise."""
     seen: set[int] = set()
     todo = [exc]
     while todo:

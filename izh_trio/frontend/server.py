@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 #: promoted made full collections of ~60 ms every ~0.6 s: 20-25 % of this process's CPU, and
 #: each full collection a 60 ms stall of every stream. Garbage with cycles still gets
 #: collected, after this many objects instead of 700, all at once: so a request or connection
-#: must not leave any (``connection_cycles``; tests/refcycles.py checks the ones found).
+#: must not leave any (``connection_cycles``; tests/e2e/test_gc.py counts what each leaves).
 GC_FIRST_THRESHOLD = 50_000
 
 
