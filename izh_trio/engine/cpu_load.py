@@ -67,9 +67,16 @@ def own_busy_seconds() -> float | None:
 @attrs.define
 class OtherLoad:
     """Cores' worth of CPU used by everything but this process, averaged over the last
-    ``window`` seconds; read at most once a window (two small ``/proc`` reads)."""
+    ``window`` seconds; read at most once a window (two small ``/proc`` reads).
+
+    It is read as steps run, so a reading that comes more than ``stale`` seconds after the
+    last one spans a stretch when this engine was idle (or one long step): what ran then,
+    a client starting up, another server's run, says little of what runs now, and on its
+    strength a large model's first decode steps after a pause kept a core free for a
+    window. Such a reading starts a new window and keeps the last figure."""
 
     window: float = 0.25
+    stale: float = 1.0
     machine: Callable[[], float | None] = machine_busy_seconds
     own: Callable[[], float | None] = own_busy_seconds
     clock: Callable[[], float] = time.monotonic
@@ -85,7 +92,7 @@ class OtherLoad:
         if machine is None or own is None:
             self._since, self.cores = None, None
             return None
-        if self._since is not None:
+        if self._since is not None and now - self._since[0] <= self.stale:
             then, others = self._since
             self.cores = max(0.0, (machine - own - others) / (now - then))
         self._since = (now, machine - own)

@@ -77,6 +77,21 @@ def test_the_load_is_the_machine_less_this_process() -> None:
     assert load.update() == pytest.approx(0.0)  # read at most once a window
 
 
+def test_a_reading_across_an_idle_stretch_starts_a_new_window() -> None:
+    fake = FakeMachine()
+    load = fake.load()
+    load.update()
+    fake.run(0.3, others=0.1)
+    assert load.update() == pytest.approx(0.1)
+    # the engine idle for 20 s while something else kept both cores busy, then quiet again
+    fake.run(20.0, others=2.0, own=0.0)
+    assert load.update() == pytest.approx(0.1)  # the last figure, not the stretch's 2.0
+    fake.run(0.3, others=0.2)
+    assert load.update() == pytest.approx(0.2)  # a fresh window from the first reading
+    fake.run(0.3, others=1.5)
+    assert load.update() == pytest.approx(1.5)  # a load that is still there is seen
+
+
 def test_unknown_load_is_none() -> None:
     load = OtherLoad(machine=lambda: None)
     assert load.update() is None and load.update() is None
