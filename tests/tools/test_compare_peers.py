@@ -1,5 +1,6 @@
 """tools/bench/compare_peers.py in paired mode, against our real server alone (vLLM is not a test
-dependency): every round is measured, the summary keeps them, and the server is stopped."""
+dependency): every round is measured, the summary keeps them but the warm-up rounds', and the
+server is stopped."""
 
 from __future__ import annotations
 
@@ -22,13 +23,15 @@ def test_paired_rounds_are_measured_and_summarised(tiny_dir: Path, tmp_path: Pat
     port = _free_port()
     done = subprocess.run(
         [sys.executable, "-m", "tools.bench.compare_peers", "--model-dir", str(tiny_dir),
-         "--servers", "izh", "--workloads", "smoke", "--rounds", "2", "--settle-timeout", "0",
+         "--servers", "izh", "--workloads", "smoke", "--rounds", "2", "--warm-rounds", "1",
+         "--settle-timeout", "0",
          "--port", str(port), "--out", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     runs = summary["runs"]["smoke"]["izh"]
-    assert len(runs) == 2
+    assert len(runs) == 2  # the warm-up round ran (its point is on disk) but is not reported
+    assert json.loads((tmp_path / "izh-smoke--1.json").read_text())["points"][0]["completed"] == 8
     for point in runs:
         assert point["completed"] == 8 and point["failed"] == 0
         assert point["total_output_tokens"] == 8 * 4

@@ -6,6 +6,9 @@
 
     # issue 22's set: Qwen3-0.6B's shape (random weights, made here once), 8 and 1 streams
     python -m tools.bench.compare_peers --shape qwen3-0.6b --workloads 8x64,1x64
+    # the same a wave at a time, many short rounds (two dtypes of ours: the ratio is bf16's)
+    python -m tools.bench.compare_peers --shape qwen3-0.6b --workloads 8x64w,1x64w \
+        --rounds 20 --warm-rounds 1 --servers izh@bfloat16,izh@float32
 
 This machine's speed drifts by a third over minutes (every process's CPU per token, the
 client's too, rises and falls together), so the two servers are best measured close together:
@@ -15,6 +18,9 @@ client's too, rises and falls together), so the two servers are best measured cl
   quiet (a server may spin for a second after its last request). Each round gives a ratio
   from two runs a few seconds apart; the report adds the median of those per-round ratios.
   An idle server's CPU during the other's run is reported as ``peer_idle_cpu_pct``.
+  ``--warm-rounds`` runs that many rounds first, unreported (for the ``w`` workloads, one
+  wave each and no warm-up of their own: short runs, so that a pair of them mostly shares
+  one pace of the machine's memory, and many rounds, so that the median ratio settles).
 * ``sequential``: one server at a time, each round starts ours, runs every workload, stops
   it, then does the same for vLLM (``../shared/tools/vllm-cpu-peer``, installed on first use).
 
@@ -58,6 +64,13 @@ WORKLOADS = {  # name: bench_serve arguments
              "--output-len", "64", "--warmup", "8"],
     "1x64": ["--num-prompts", "4", "--concurrency", "1", "--input-len", "32",
              "--output-len", "64", "--warmup", "1"],
+    # One wave each, for many short rounds (``--rounds 16 --warm-rounds 1``): two servers
+    # this machine runs 15-40 s apart can land on its two memory read rates (28-36 or
+    # 44-59 GB/s), a few seconds apart they mostly share one, and the order alternates.
+    "8x64w": ["--num-prompts", "8", "--concurrency", "8", "--input-len", "32",
+              "--output-len", "64", "--warmup", "0"],
+    "1x64w": ["--num-prompts", "1", "--concurrency", "1", "--input-len", "32",
+              "--output-len", "64", "--warmup", "0"],
     "smoke": ["--num-prompts", "8", "--concurrency", "4", "--input-len", "8",
               "--output-len", "4"],  # not a benchmark: the tool's own test
 }
@@ -138,17 +151,19 @@ def sequential(kinds: list[str], names: list[str], rounds: int, model_dir: Path,
 
 
 def paired(kinds: list[str], names: list[str], rounds: int, model_dir: Path, port: int,
-           out: Path, dtype: str = "float32", settle_timeout: float = 20.0) -> dict:
+           out: Path, dtype: str = "float32", settle_timeout: float = 20.0,
+           warm_rounds: int = 0) -> dict:
     commands = {kind: _command(kind, model_dir, port + i, dtype)
                 for i, kind in enumerate(kinds)}
-    return run_paired(commands, names, rounds, port, out, settle_timeout)
+    return run_paired(commands, names, rounds, port, out, settle_timeout, warm_rounds)
 
 
 def run_paired(commands: dict[str, list[str]], names: list[str], rounds: int, port: int,
-               out: Path, settle_timeout: float = 20.0) -> dict:
+               out: Path, settle_timeout: float = 20.0, warm_rounds: int = 0) -> dict:
     """Each server of ``commands`` (kind -> its command, serving on ``port`` + its index) up
     side by side; every round runs each workload on one and then the other, the order
-    alternating between rounds, after the machine has gone quiet."""
+    alternating between rounds, after the machine has gone quiet. The first
+    ``warm_rounds`` rounds run unrecorded (for workloads without a warm-up of their own)."""
     kinds = list(commands)
     ports = {kind: port + i for i, kind in enumerate(kinds)}
     procs: dict[str, subprocess.Popen] = {}
@@ -158,14 +173,15 @@ def run_paired(commands: dict[str, list[str]], names: list[str], rounds: int, po
             procs[kind] = servers.start(commands[kind], out / f"{kind}.log")
         for kind in kinds:
             servers.wait_ready(ports[kind], procs[kind])
-        for rnd in range(rounds):
+        for rnd in range(-warm_rounds, rounds):
             for name in names:
                 for kind in kinds if rnd % 2 == 0 else kinds[::-1]:
                     servers.settle(timeout=settle_timeout)
                     peer = next((procs[k] for k in kinds if k != kind), None)
                     point = _measure(kind, name, ports[kind], procs[kind],
                                      out / f"{kind}-{name}-{rnd}.json", peer)
-                    _record(results, rnd, kind, name, point)
+                    if rnd >= 0:
+                        _record(results, rnd, kind, name, point)
     finally:
         for proc in procs.values():
             servers.stop(proc)
@@ -211,6 +227,8 @@ def main() -> None:
     p.add_argument("--servers", default="izh,vllm",
                    help="two of izh, vllm, each with an optional @DTYPE (the ratio: first/second)")
     p.add_argument("--workloads", default=DEFAULT_WORKLOADS, help=f"of {', '.join(WORKLOADS)}")
+    p.add_argument("--warm-rounds", type=int, default=0,
+                   help="paired: rounds run first and left out of the report")
     p.add_argument("--settle-timeout", type=float, default=20.0,
                    help="paired: at most this long waiting for a quiet machine before a run")
     p.add_argument("--shape", choices=sorted(SHAPES),
@@ -224,7 +242,8 @@ def main() -> None:
         make_tiny_checkpoint(model_dir, SHAPES[a.shape] if a.shape else TinySpec())
     kinds = a.servers.split(",")
     args = (kinds, a.workloads.split(","), a.rounds, model_dir, a.port, a.out, a.dtype)
-    results = paired(*args, a.settle_timeout) if a.mode == "paired" else sequential(*args)
+    results = (paired(*args, a.settle_timeout, a.warm_rounds) if a.mode == "paired"
+               else sequential(*args))
     report(results, a.out, (kinds[0], kinds[1] if len(kinds) > 1 else "vllm"))
 
 
