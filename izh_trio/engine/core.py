@@ -164,6 +164,10 @@ class EngineCore:
         if lora is not None and lora_id is not None:
             lora.release(lora_id)
 
+    def idle(self) -> None:
+        """Called before the engine waits for work, which may be a while."""
+        self.threads.idle()
+
     def step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule()
         if not batch:

@@ -69,19 +69,23 @@ class OtherLoad:
     """Cores' worth of CPU used by everything but this process, averaged over the last
     ``window`` seconds; read at most once a window (two small ``/proc`` reads).
 
-    It is read as steps run, so a reading that comes more than ``stale`` seconds after the
-    last one spans a stretch when this engine was idle (or one long step): what ran then,
-    a client starting up, another server's run, says little of what runs now, and on its
-    strength a large model's first decode steps after a pause kept a core free for a
-    window. Such a reading starts a new window and keeps the last figure."""
+    It is read as steps run, so a reading after the engine waited for work would span the
+    wait: what ran then (a client starting up, another server's run) says little of what
+    runs now, and on its strength a large model's first decode steps after a pause kept a
+    core free for a window. So the engine says when it waits (``pause``), and the next
+    reading starts a new window, keeping the last figure."""
 
     window: float = 0.25
-    stale: float = 1.0
     machine: Callable[[], float | None] = machine_busy_seconds
     own: Callable[[], float | None] = own_busy_seconds
     clock: Callable[[], float] = time.monotonic
     cores: float | None = attrs.field(default=None, init=False)  # None: not known (yet)
+    #: the last reading: when, and the rest of the machine's busy seconds then
     _since: tuple[float, float] | None = attrs.field(default=None, init=False)
+
+    def pause(self) -> None:
+        """The engine is about to wait for work: the next reading starts a window."""
+        self._since = None
 
     def update(self) -> float | None:
         """The load of the last full window (None until one has passed, or without /proc)."""
@@ -92,7 +96,7 @@ class OtherLoad:
         if machine is None or own is None:
             self._since, self.cores = None, None
             return None
-        if self._since is not None and now - self._since[0] <= self.stale:
+        if self._since is not None:
             then, others = self._since
             self.cores = max(0.0, (machine - own - others) / (now - then))
         self._since = (now, machine - own)

@@ -157,7 +157,10 @@ def serve(config: EngineConfig, in_fd: int, out_fd: int) -> int:
                     TEST_STEP_DELAY_ENV, step_delay)
 
     while True:
-        msgs = [inbox.get()] if not core.has_work else []
+        msgs = []
+        if not core.has_work:
+            core.idle()
+            msgs.append(inbox.get())
         while True:
             try:
                 msgs.append(inbox.get_nowait())

@@ -158,6 +158,11 @@ class ThreadPlan:
         if self.spread and all(item.num_new_tokens == 1 for item in batch):
             self.times.observe(_bucket(batch), threads, seconds, switched)
 
+    def idle(self) -> None:
+        """The engine is about to wait for work (``OtherLoad.pause``)."""
+        if self.load is not None:
+            self.load.pause()
+
     def _spread_decode(self) -> bool:
         if self.load is None:
             return False

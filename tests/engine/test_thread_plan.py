@@ -77,19 +77,40 @@ def test_the_load_is_the_machine_less_this_process() -> None:
     assert load.update() == pytest.approx(0.0)  # read at most once a window
 
 
-def test_a_reading_across_an_idle_stretch_starts_a_new_window() -> None:
+def test_a_reading_after_a_pause_starts_a_new_window() -> None:
     fake = FakeMachine()
     load = fake.load()
     load.update()
     fake.run(0.3, others=0.1)
     assert load.update() == pytest.approx(0.1)
-    # the engine idle for 20 s while something else kept both cores busy, then quiet again
+    # the engine waits 20 s for work while something else keeps both cores busy
+    load.pause()
     fake.run(20.0, others=2.0, own=0.0)
-    assert load.update() == pytest.approx(0.1)  # the last figure, not the stretch's 2.0
+    assert load.update() == pytest.approx(0.1)  # the last figure, not the pause's 2.0
     fake.run(0.3, others=0.2)
     assert load.update() == pytest.approx(0.2)  # a fresh window from the first reading
-    fake.run(0.3, others=1.5)
-    assert load.update() == pytest.approx(1.5)  # a load that is still there is seen
+    fake.run(3.0, others=1.5, own=2.0)  # without a pause, a long stretch is a window too
+    assert load.update() == pytest.approx(1.5)
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores to spread over")
+def test_the_engine_pauses_its_load_reading_when_it_goes_idle(
+        hf_dir: Path, threads_kept: None) -> None:
+    core = _core(hf_dir, device="cpu")
+    fake = FakeMachine()
+    core.threads.load = fake.load()
+    core.threads.load.update()
+    fake.run(0.3, others=0.0)
+    core.add_request(AddRequest("a", [60, 61, 62], SamplingParams(max_tokens=4, ignore_eos=True)))
+    while core.has_work:
+        core.step()
+    assert core.threads.spread  # an idle machine: decode steps may take every core
+    core.idle()  # as the engine's loop does before it waits
+    fake.run(30.0, others=2.0, own=0.0)  # another server's run meanwhile
+    core.add_request(AddRequest("b", [60, 61, 62], SamplingParams(max_tokens=4, ignore_eos=True)))
+    core.step()
+    # the pause's reading is not taken for the load: decode steps may still take every core
+    assert core.threads.spread and core.threads.load.cores == pytest.approx(0.0)
 
 
 def test_unknown_load_is_none() -> None:
