@@ -64,7 +64,7 @@ WORKLOADS = {  # name: bench_serve arguments
              "--output-len", "64", "--warmup", "8"],
     "1x64": ["--num-prompts", "4", "--concurrency", "1", "--input-len", "32",
              "--output-len", "64", "--warmup", "1"],
-    # One wave each, for many short rounds (``--rounds 16 --warm-rounds 1``): two servers
+    # One wave each, for many short rounds (``--rounds 20 --warm-rounds 1``): two servers
     # this machine runs 15-40 s apart can land on its two memory read rates (28-36 or
     # 44-59 GB/s), a few seconds apart they mostly share one, and the order alternates.
     "8x64w": ["--num-prompts", "8", "--concurrency", "8", "--input-len", "32",
