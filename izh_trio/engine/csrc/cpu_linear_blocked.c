@@ -332,8 +332,8 @@ INLINE int linear(const void *x, const void *w, const void *bias, void *y, int64
        the OS stops for a while (the HTTP process wants a core now and then) leaves its
        remaining blocks to the others instead of holding up the whole region. A decode
        step's few rows take two grains a thread: each grain starts a new stream, whose
-       first lines wait on memory, and eight a thread cost a bf16 step 3-5 % (fp32's, twice
-       the bytes a grain, 1-2 %); a prefill's passes are long enough not to notice. */
+       first lines wait on memory, a cost that weighs most on bf16's half-size grains
+       (docs/benchmarks.rst); a prefill's passes are long enough not to notice. */
     const int64_t grains = threads * (m_len <= TM ? 2 : 8);
     const int64_t grain = total / grains > 1 ? total / grains : 1;
     int64_t next = 0;
