@@ -16,7 +16,9 @@ stays on one. The C source is ``csrc/cpu_attention.c``, compiled once
 per machine with the system C compiler (``cbuild``: cached, under a lock); with no compiler, or
 for other dtypes, the engine keeps torch's path. A bf16 cache is widened to fp32 as it is
 loaded (a shift: bf16 is the upper half of an fp32), an fp16 one by F16C's conversion, and
-everything after it is fp32: half the bytes to read, the same arithmetic.
+everything after it is fp32: half the bytes to read, the same arithmetic. One exception: where
+the CPU has AVX512-BF16 and q's values are bf16 (a bf16 model's are), q . k runs on bf16 pairs
+(``vdpbf16ps``; the products are exact, the sums fp32), which skips widening K.
 """
 
 from __future__ import annotations

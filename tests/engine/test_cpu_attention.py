@@ -172,6 +172,30 @@ def test_a_half_cache_is_read_as_its_exact_fp32_values(kernel_path: str, block_s
     torch.testing.assert_close(got.double(), want, atol=1e-2, rtol=1e-2)
 
 
+@pytest.mark.parametrize(("block_size", "h_q", "h_kv", "head_dim"),
+                         [(16, 16, 8, 128), (16, 4, 2, 64), (8, 6, 3, 80), (32, 24, 1, 48),
+                          (5, 32, 8, 128), (1, 8, 2, 64), (16, 8, 8, 96)])
+def test_a_bf16_q_meets_a_bf16_cache_in_pairs(kernel_path: str, block_size: int, h_q: int,
+                                              h_kv: int, head_dim: int) -> None:
+    """A bf16 model's q is bf16 (the engine widens it for the kernel): with a bf16 cache its
+    scores may come from bf16 pairs (vdpbf16ps), whose products are exact, so the fp32
+    tolerance holds. Rows past a sequence's length are NaN, as stale or unwritten rows of a
+    block may be: a kernel may read them, but nothing of them may reach the answer."""
+    q, k_cache, v_cache, tables, lens = _case(block_size * 11 + h_q + head_dim, block_size,
+                                              h_q, h_kv, head_dim, _lens(block_size),
+                                              q_scale=4.0)
+    q = q.to(torch.bfloat16).float()
+    k_cache, v_cache = k_cache.to(torch.bfloat16), v_cache.to(torch.bfloat16)
+    for i, n in enumerate(lens.tolist()):
+        flat_k = k_cache[tables[i]].reshape(-1, h_kv, head_dim)
+        flat_v = v_cache[tables[i]].reshape(-1, h_kv, head_dim)
+        flat_k[n:], flat_v[n:] = float("nan"), float("nan")
+        k_cache[tables[i]] = flat_k.view(-1, block_size, h_kv, head_dim)
+        v_cache[tables[i]] = flat_v.view(-1, block_size, h_kv, head_dim)
+    lens[-1] = lens[0]  # the last sequence shares the first one's first block (see _case)
+    _check(q, k_cache, v_cache, tables, lens, head_dim**-0.5)
+
+
 @pytest.mark.parametrize("block_size", [1, 4, 5, 16])
 def test_odd_block_sizes(kernel_path: str, block_size: int) -> None:
     q, k_cache, v_cache, tables, lens = _case(block_size, block_size, 4, 2, 64, _lens(16))

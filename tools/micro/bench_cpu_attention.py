@@ -19,9 +19,9 @@ between the two outputs. ``--module`` (repeatable) loads ``cpu_attention`` from 
 instead (``package``: the package's own), to compare an older kernel with the current one;
 their rounds are interleaved, so a busy machine slows them alike. Each figure is the best
 round of ``--rounds``. ``--dtype bfloat16`` times a bf16 cache (q and output stay fp32, as
-the engine calls it); ``--layers N`` gives each call N caches to go through, one after another
-as a step's layers do, so that the K/V is not in the caches from the call before (figures are
-still per layer).
+the engine calls it, q holding bf16 values); ``--layers N`` gives each call N caches to go
+through, one after another as a step's layers do, so that the K/V is not in the caches from
+the call before (figures are still per layer).
 
 ``--prefill N`` times a step of ``--batch`` prefill chunks of N query rows instead (each
 continuing to a context drawn from ``--min-ctx``..``--max-ctx``, at least N: equal to N is a
@@ -100,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
               for _ in range(args.layers)]
     k_cache, v_cache = caches[-1]  # the one a call's answer comes from, for the check
     tables = torch.randperm(num_blocks, generator=g)[: b * width].view(b, width)
-    q = torch.randn(b, h_q, d, generator=g)
+    # a bf16 model's q is bf16 values (widened for the kernel), which the kernel may use
+    q = torch.randn(b, h_q, d, generator=g).to(dtype).float()
     scale = d**-0.5
 
     positions = torch.arange(width * bs)

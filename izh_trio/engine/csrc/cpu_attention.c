@@ -30,11 +30,28 @@ static int64_t advance(int64_t *b, int64_t *blk, const int64_t *tables, const in
     return tables[*b * W + *blk] * BS * row;
 }
 
-INLINE void warm(const char *pk, const char *pv, int64_t from, int64_t to, int64_t end) {
-    for (int64_t o = from; o < to && o < end; o += 64) {
-        __builtin_prefetch(pk + o, 0, 2);
-        __builtin_prefetch(pv + o, 0, 2);
+/* What a pass warms of the block after this one: the part of each of its rows (K and V)
+   that the same pass will read there, so that every pass's rows arrive a block ahead. */
+typedef struct {
+    const char *k, *v;  /* the next block's first row, at this pass's heads */
+    int64_t rows, stride, span;  /* its rows, bytes from row to row, bytes a row read */
+} Next;
+
+INLINE void warm(Next nx, int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1 && r < nx.rows; r++) {
+        const char *k = nx.k + r * nx.stride, *v = nx.v + r * nx.stride;
+        /* the lines the span touches: from the one it starts in */
+        const int64_t lead = (int64_t)((uintptr_t)k & 63);
+        for (int64_t o = -lead; o < nx.span; o += 64) {
+            __builtin_prefetch(k + o, 0, 2);
+            __builtin_prefetch(v + o, 0, 2);
+        }
     }
+}
+
+INLINE uint16_t f32_bf16(float f) {  /* rounded to nearest, ties to even (finite f) */
+    union { float f; uint32_t u; } v = {.f = f};
+    return (uint16_t)((v.u + 0x7FFF + ((v.u >> 16) & 1)) >> 16);
 }
 
 INLINE float bf16_f32(uint16_t x) {  /* a bf16 is the upper half of an fp32's bits */
@@ -86,7 +103,8 @@ INLINE float softmax(float *p, int64_t n, float *m, float *l) {
         _mm512_store_ps(p + j0, e);
         sv = _mm512_add_ps(sv, e);
     }
-    const float keep = _mm512_cvtss_f32(exp16(SET1(*m - mx)));
+    /* the running max mostly holds from block to block: then nothing to rescale */
+    const float keep = mx == *m ? 1.0f : _mm512_cvtss_f32(exp16(SET1(*m - mx)));
     *l = *l * keep + _mm512_reduce_add_ps(sv), *m = mx;
     return keep;
 }
@@ -118,11 +136,15 @@ INLINE float softmax(float *p, int64_t n, float *m, float *l) {
 #define KV_LOAD(m, p) _mm512_castsi512_ps( \
     _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16))
 #define KV_NAME(f) f##_bf16
+#if defined(AVX512) && defined(__AVX512BF16__)
+#define KV_PAIRS 1  /* q . k as vdpbf16ps over bf16 pairs: q is bf16 already (cpu_decode.c) */
+#endif
 #include __FILE__  /* this file again (cbuild compiles it by its absolute path) */
 #undef KV_T
 #undef KV_F32
 #undef KV_LOAD
 #undef KV_NAME
+#undef KV_PAIRS
 #if defined(__FLT16_MAX__) && (!defined(AVX512) || defined(__F16C__))
 /* an fp16 cache (the compiler's _Float16): widened by F16C's conversion as it is loaded */
 #define KV_T _Float16
@@ -143,8 +165,8 @@ INLINE float softmax(float *p, int64_t n, float *m, float *l) {
 /* Per block, three steps on HN query heads, G of them to a KV head (rows of qs and acc are
    NC * 16 floats, zero-padded past D; p holds bsr scores a head): scores, then for each
    head an online-softmax step that turns them into weights and returns the old weights'
-   scale, then acc = acc * keep + weights @ V while the next block is warmed, `step` bytes
-   a row. Head h of the pass reads K and V at off[h] in a row. */
+   scale, then acc = acc * keep + weights @ V while the next block's rows for the same
+   pass are warmed (nx). Head h of the pass reads K and V at off[h] in a row. */
 #ifdef AVX512
 INLINE __m512 dot(const KV_T *k, const float *q, int NC, __mmask16 tail) {
     __m512 a = _mm512_mul_ps(_mm512_load_ps(q), KV_LOAD(MASK(0), k));
@@ -179,10 +201,55 @@ INLINE void scores(const KV_T *k, int64_t stride, int64_t n, const float *qs, fl
     }
 }
 
+#ifdef KV_PAIRS
+#define dotp KV_NAME(dotp)
+#define scores_pairs KV_NAME(scores_pairs)
+/* q . k over NC2 vectors of 32 bf16: vdpbf16ps adds each lane's pair of products, so q's
+   pairs (zeros past D) meet k's in place, with no widening of k. */
+INLINE __m512 dotp(const uint16_t *k, const uint16_t *qb, int NC2, __mmask32 tail) {
+    __m512 a = ZERO;
+    for (int c = 0; c < NC2; c++) {
+        const __m512i kv = c < NC2 - 1 ? _mm512_loadu_si512(k + 32 * c)
+                                       : _mm512_maskz_loadu_epi16(tail, k + 32 * c);
+        a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_load_si512(qb + 32 * c), (__m512bh)kv);
+    }
+    return a;
+}
+
+/* scores() for bf16 pairs, a head at a time, the scale applied to the sums. `whole`: a
+   block's rows fill whole groups of 16 (BS % 16 == 0), so the rows past n can be read (what
+   they give is masked off by softmax) and the loop has no branches. */
+INLINE void scores_pairs(const uint16_t *k, int64_t stride, int64_t n, const uint16_t *qb,
+                         float *p, int64_t bsr, const int HN, const int NC2, int64_t D,
+                         const int64_t *off, float scale, int whole) {
+    const int64_t last = D - 32 * (NC2 - 1);
+    const __mmask32 tail = last >= 32 ? 0xFFFFFFFFu : (1u << last) - 1;
+    for (int h = 0; h < HN; h++)
+        for (int64_t j0 = 0; j0 < n; j0 += 16) {
+            const uint16_t *kh = k + j0 * stride + off[h], *qh = qb + h * NC2 * 32;
+            __m512 u[4];
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+                __m512 t[2];
+#pragma GCC unroll 2
+                for (int e = 0; e < 2; e++) {
+                    const int64_t j = 4 * i + 2 * e;
+                    t[e] = fold2(whole || j0 + j < n ? dotp(kh + j * stride, qh, NC2, tail) : ZERO,
+                                 whole || j0 + j + 1 < n
+                                     ? dotp(kh + (j + 1) * stride, qh, NC2, tail) : ZERO);
+                }
+                u[i] = fold4(t[0], t[1]);
+            }
+            _mm512_store_ps(p + h * bsr + j0,
+                            _mm512_mul_ps(SET1(scale), fold_lanes(fold_lanes(u[0], u[1]),
+                                                                  fold_lanes(u[2], u[3]))));
+        }
+}
+#endif
+
 INLINE void accumulate(const KV_T *v, int64_t stride, int64_t n, const float *p, int64_t bsr,
-                       const float *keep, float *acc, const char *pk, const char *pv,
-                       int64_t plen, int64_t step, const int HN, const int NC, int64_t D,
-                       const int64_t *off) {
+                       const float *keep, float *acc, Next nx, const int HN, const int NC,
+                       int64_t D, const int64_t *off) {
     /* Tiles of HT heads x CT vectors, at most 16 accumulators: in registers when there is
        one tile and HN and NC are known. */
     const int HT = HN < 16 ? HN : 16, CT = 16 / HT < NC ? 16 / HT : NC;
@@ -196,7 +263,7 @@ INLINE void accumulate(const KV_T *v, int64_t stride, int64_t n, const float *p,
             TILE A = _mm512_mul_ps(_mm512_load_ps(acc + (h * NC + c) * 16), SET1(keep[h]));
             for (int64_t j = 0; j < n; j++) {
                 __m512 x = ZERO;  /* a V vector, loaded once for the heads that share it */
-                if (h0 + c0 == 0) warm(pk, pv, j * step, (j + 1) * step, plen);
+                if (h0 + c0 == 0) warm(nx, j, j == n - 1 ? nx.rows : j + 1);
                 TILE {
                     if (h == h0 || off[h] != off[h - 1])
                         x = KV_LOAD(MASK(c), v + j * stride + off[h] + 16 * c);
@@ -220,13 +287,12 @@ INLINE void scores(const KV_T *k, int64_t stride, int64_t n, const float *qs, fl
 }
 
 INLINE void accumulate(const KV_T *v, int64_t stride, int64_t n, const float *p, int64_t bsr,
-                       const float *keep, float *acc, const char *pk, const char *pv,
-                       int64_t plen, int64_t step, const int HN, const int NC, int64_t D,
-                       const int64_t *off) {
+                       const float *keep, float *acc, Next nx, const int HN, const int NC,
+                       int64_t D, const int64_t *off) {
     for (int h = 0; h < HN; h++)
         for (int64_t d = 0; d < D; d++) acc[h * NC * 16 + d] *= keep[h];
     for (int64_t j = 0; j < n; j++) {
-        warm(pk, pv, j * step, (j + 1) * step, plen);
+        warm(nx, j, j == n - 1 ? nx.rows : j + 1);
         for (int h = 0; h < HN; h++) {
             float *a = acc + h * NC * 16, w = p[h * bsr + j];
             const KV_T *x = v + j * stride + off[h];
@@ -244,37 +310,60 @@ INLINE void decode(const float *q, const KV_T *kc, const KV_T *vc, const int64_t
                    const int NC) {
     const int64_t bsr = (BS + 15) / 16 * 16, row = HKV * D;
     float qs[HQ * NC * 16] __attribute__((aligned(64)));
+#ifdef KV_PAIRS
+    const int NC2 = (NC + 1) / 2;  /* vectors of 32 bf16 a row of D */
+    uint16_t qb[HQ * NC2 * 32] __attribute__((aligned(64)));
+#endif
     float acc[HQ * NC * 16] __attribute__((aligned(64)));
     float p[HN * bsr] __attribute__((aligned(64)));
     float m[HQ], l[HQ], keep[HN];
     int64_t off[HN];  /* where a pass's heads find their KV head in a row */
     for (int h = 0; h < HN; h++) off[h] = h / G * D;
-    /* The next block goes to L2 a few lines per V row of this one: issued all at once at the
-       start of a block, the same prefetches did not help (measured on Zen 4). */
+    /* The next block goes to L2 a pass at a time, each pass warming its own heads' share
+       of the next block's rows as it goes over this block's V rows: issued all at once at
+       the start of a block, the same prefetches did not help (measured on Zen 4). */
     int64_t pb = 0, pblk = -1, bytes;
     advance(&pb, &pblk, tables, ctx, B, W, BS, row, sizeof(KV_T), &bytes);  /* the first */
     for (int64_t b = 0; b < B; b++) {
+        /* q is bf16 in a bf16 model (cpu_decode.c widens it): then its pairs are exact and
+           q . k can run on them; any other q keeps the fp32 products */
+        int exact = 1;
+        (void)exact;  /* read only where the cache is bf16 */
         for (int64_t h = 0; h < HQ; h++) {
             m[h] = -INFINITY, l[h] = 0.0f;
             for (int64_t d = 0; d < NC * 16; d++) {
                 qs[h * NC * 16 + d] = d < D ? q[(b * HQ + h) * D + d] * scale : 0.0f;
                 acc[h * NC * 16 + d] = 0.0f;
             }
+#ifdef KV_PAIRS
+            for (int64_t d = 0; d < NC2 * 32; d++) {
+                const float x = d < D ? q[(b * HQ + h) * D + d] : 0.0f;
+                qb[h * NC2 * 32 + d] = f32_bf16(x);
+                exact &= bf16_f32(qb[h * NC2 * 32 + d]) == x;
+            }
+#endif
         }
         for (int64_t blk = 0; blk * BS < ctx[b]; blk++) {
             const int64_t n = ctx[b] - blk * BS < BS ? ctx[b] - blk * BS : BS;
             const int64_t base = tables[b * W + blk] * BS * row;
             const int64_t at = advance(&pb, &pblk, tables, ctx, B, W, BS, row, sizeof(KV_T),
                                      &bytes);
-            const int64_t step = ((bytes + 63) / 64 + HQ / HN * n - 1) / (HQ / HN * n) * 64;
-            for (int64_t h0 = 0, o = 0; h0 < HQ; h0 += HN, o += n * step) {
+            const int64_t rb = row * (int64_t)sizeof(KV_T);  /* bytes a row */
+            for (int64_t h0 = 0; h0 < HQ; h0 += HN) {
                 const int64_t kv = h0 / G * D;
+                const Next nx = {(const char *)(kc + at + kv), (const char *)(vc + at + kv),
+                                 bytes / rb, rb, HN / G * D * (int64_t)sizeof(KV_T)};
+#ifdef KV_PAIRS
+                if (exact)
+                    scores_pairs(kc + base + kv, row, n, qb + h0 * NC2 * 32, p, bsr, HN, NC2, D,
+                                 off, scale, BS % 16 == 0);
+                else
+#endif
                 scores(kc + base + kv, row, n, qs + h0 * NC * 16, p, bsr, HN, NC, D, off);
                 for (int h = 0; h < HN; h++)
                     keep[h] = softmax(p + h * bsr, n, m + h0 + h, l + h0 + h);
-                accumulate(vc + base + kv, row, n, p, bsr, keep, acc + h0 * NC * 16,
-                           (const char *)(kc + at) + o, (const char *)(vc + at) + o, bytes - o,
-                           step, HN, NC, D, off);
+                accumulate(vc + base + kv, row, n, p, bsr, keep, acc + h0 * NC * 16, nx, HN,
+                           NC, D, off);
             }
         }
         for (int64_t h = 0; h < HQ; h++) {
@@ -335,4 +424,6 @@ void paged_decode(const float *q, const KV_T *kc, const KV_T *vc, const int64_t 
 #undef decode
 #undef paged_decode
 #undef decode_some
+#undef dotp
+#undef scores_pairs
 #endif  /* KV_T */
