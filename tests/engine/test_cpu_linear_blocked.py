@@ -124,6 +124,24 @@ def test_leading_dims_and_empty_batches(build: str, dtype: torch.dtype) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_nan_and_infinity_come_out_as_torch_gives_them(build: str, dtype: torch.dtype) -> None:
+    """A NaN in a row makes that row's outputs NaN, with torch's bits in bf16 (0x7FC0, however
+    the CPU would round it); an infinity stays one; the other rows are untouched."""
+    torch.manual_seed(5)
+    w = torch.randn(48, 40).to(dtype)
+    layer = BlockedLinear(cpu_linear_blocked.pack(w), None, 40, 48)
+    x = torch.randn(8, 40).to(dtype)
+    x[2, 3], x[5, 0] = float("nan"), float("inf")
+    got, want = layer(x), F.linear(x, w)
+    assert bool(got[2].isnan().all())
+    if dtype == torch.bfloat16:
+        assert bool((got[2].view(torch.int16) == 0x7FC0).all())
+    assert torch.equal(got[5].isinf(), want[5].isinf()) and bool(got[5].isinf().any())
+    rest = [0, 1, 3, 4, 6, 7]
+    assert torch.allclose(got[rest].float(), want[rest].float(), rtol=2e-2, atol=5e-2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_pack_linears_puts_a_large_model_on_the_kernel_alone(
         dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cpu_linear, "TWO_COPY_LIMIT", 0)

@@ -124,9 +124,11 @@ INLINE void step(__m512 acc[][2], const void *xt, const void *block, int64_t k, 
         __m512bh w0 = (__m512bh)_mm512_loadu_si512(wk);
         __m512bh w1 = (__m512bh)_mm512_loadu_si512(wk + 32);
         for (int m = 0; m < MB; m++) {
-            uint32_t v;
+            /* broadcast as a float: an integer broadcast (vpbroadcastd) feeding vdpbf16ps
+               was 4 % slower where memory and arithmetic both bind (docs/benchmarks.rst) */
+            float v;
             memcpy(&v, xk + m * 2, 4);
-            __m512bh xv = (__m512bh)_mm512_set1_epi32((int)v);
+            __m512bh xv = (__m512bh)_mm512_set1_ps(v);
             acc[m][0] = _mm512_dpbf16_ps(acc[m][0], xv, w0);
             acc[m][1] = _mm512_dpbf16_ps(acc[m][1], xv, w1);
         }
@@ -214,6 +216,16 @@ INLINE void put(__m512 sum, Out o, int64_t row, int v, Kind kind) {
                 _mm256_maskz_loadu_epi16(mask, (const uint16_t *)o.bias + 16 * v));
             sum = _mm512_add_ps(sum, _mm512_castsi512_ps(_mm512_slli_epi32(b, 16)));
         }
+#if HAVE_BF16
+        {  /* the CPU's own rounding (to nearest even), and torch's NaN: a few operations
+              where the integer rounding below takes a dozen, per 16 sums of every block */
+            __m256i r = (__m256i)_mm512_cvtneps_pbh(sum);
+            r = _mm256_mask_mov_epi16(r, _mm512_cmp_ps_mask(sum, sum, _CMP_UNORD_Q),
+                                      _mm256_set1_epi16(0x7FC0));
+            _mm256_mask_storeu_epi16((uint16_t *)o.y + at, mask, r);
+            return;
+        }
+#endif
         __m512i u = _mm512_castps_si512(sum);
         __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
         __m512i r = _mm512_srli_epi32(
