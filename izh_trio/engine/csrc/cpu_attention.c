@@ -309,6 +309,7 @@ INLINE void decode(const float *q, const KV_T *kc, const KV_T *vc, const int64_t
                    int64_t D, int64_t BS, int64_t W, float scale, const int HN, const int G,
                    const int NC) {
     const int64_t bsr = (BS + 15) / 16 * 16, row = HKV * D;
+    const int64_t rb = row * (int64_t)sizeof(KV_T);  /* bytes a row */
     float qs[HQ * NC * 16] __attribute__((aligned(64)));
 #ifdef KV_PAIRS
     const int NC2 = (NC + 1) / 2;  /* vectors of 32 bf16 a row of D */
@@ -325,10 +326,11 @@ INLINE void decode(const float *q, const KV_T *kc, const KV_T *vc, const int64_t
     int64_t pb = 0, pblk = -1, bytes;
     advance(&pb, &pblk, tables, ctx, B, W, BS, row, sizeof(KV_T), &bytes);  /* the first */
     for (int64_t b = 0; b < B; b++) {
+#ifdef KV_PAIRS
         /* q is bf16 in a bf16 model (cpu_decode.c widens it): then its pairs are exact and
            q . k can run on them; any other q keeps the fp32 products */
         int exact = 1;
-        (void)exact;  /* read only where the cache is bf16 */
+#endif
         for (int64_t h = 0; h < HQ; h++) {
             m[h] = -INFINITY, l[h] = 0.0f;
             for (int64_t d = 0; d < NC * 16; d++) {
@@ -348,7 +350,6 @@ INLINE void decode(const float *q, const KV_T *kc, const KV_T *vc, const int64_t
             const int64_t base = tables[b * W + blk] * BS * row;
             const int64_t at = advance(&pb, &pblk, tables, ctx, B, W, BS, row, sizeof(KV_T),
                                      &bytes);
-            const int64_t rb = row * (int64_t)sizeof(KV_T);  /* bytes a row */
             for (int64_t h0 = 0; h0 < HQ; h0 += HN) {
                 const int64_t kv = h0 / G * D;
                 const Next nx = {(const char *)(kc + at + kv), (const char *)(vc + at + kv),

@@ -217,15 +217,13 @@ INLINE void put(__m512 sum, Out o, int64_t row, int v, Kind kind) {
             sum = _mm512_add_ps(sum, _mm512_castsi512_ps(_mm512_slli_epi32(b, 16)));
         }
 #if HAVE_BF16
-        {  /* the CPU's own rounding (to nearest even), and torch's NaN: a few operations
-              where the integer rounding below takes a dozen, per 16 sums of every block */
-            __m256i r = (__m256i)_mm512_cvtneps_pbh(sum);
-            r = _mm256_mask_mov_epi16(r, _mm512_cmp_ps_mask(sum, sum, _CMP_UNORD_Q),
-                                      _mm256_set1_epi16(0x7FC0));
-            _mm256_mask_storeu_epi16((uint16_t *)o.y + at, mask, r);
-            return;
-        }
-#endif
+        /* the CPU's own rounding (to nearest even), and torch's NaN: a few operations where
+           the integer rounding takes a dozen, per 16 sums of every block */
+        __m256i r = (__m256i)_mm512_cvtneps_pbh(sum);
+        r = _mm256_mask_mov_epi16(r, _mm512_cmp_ps_mask(sum, sum, _CMP_UNORD_Q),
+                                  _mm256_set1_epi16(0x7FC0));
+        _mm256_mask_storeu_epi16((uint16_t *)o.y + at, mask, r);
+#else
         __m512i u = _mm512_castps_si512(sum);
         __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
         __m512i r = _mm512_srli_epi32(
@@ -234,6 +232,7 @@ INLINE void put(__m512 sum, Out o, int64_t row, int v, Kind kind) {
             _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)), _mm512_set1_epi32(0x7F800000));
         r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC0));
         _mm256_mask_storeu_epi16((uint16_t *)o.y + at, mask, _mm512_cvtepi32_epi16(r));
+#endif
         return;
     }
 #endif
