@@ -178,6 +178,29 @@ def test_switch_off_or_a_wrong_probe_leaves_onednn(monkeypatch: pytest.MonkeyPat
     assert pack_linears(model) == 1 and isinstance(model[0], PackedLinear)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("threads", [2, 3])
+def test_every_block_once_whichever_thread_takes_it(dtype: torch.dtype, threads: int) -> None:
+    """Threads take blocks from their own shares and from each other's: however a call's
+    blocks end up split (it varies with the threads' pace), each is written once, by one
+    thread, so the output is one thread's bit for bit, with nothing left unwritten."""
+    before = torch.get_num_threads()
+    try:
+        torch.manual_seed(threads)
+        n, k = 32 * 37 + 5, 160  # 38 blocks, the last partly filled
+        w = torch.randn(n, k).to(dtype)
+        layer = BlockedLinear(cpu_linear_blocked.pack(w), None, k, n)
+        x = torch.randn(8, k).to(dtype)
+        torch.set_num_threads(1)
+        want = layer(x)
+        torch.set_num_threads(threads)
+        for _ in range(200):
+            got = layer(x)
+            assert torch.equal(got, want)
+    finally:
+        torch.set_num_threads(before)
+
+
 @needs_fp32
 def test_the_kernel_follows_torchs_thread_count() -> None:
     """It shares torch's OpenMP runtime: the count the engine's thread plan sets is its own."""

@@ -325,6 +325,30 @@ INLINE void blocks(const void *xt, const void *w, const void *bias, void *y, int
     }
 }
 
+/* What is left of a thread's share of W's blocks: [lo, hi) as one word (lo in the low
+   half), so that its owner taking from the front and another thread taking from the back
+   never both get a block. A line each: the owner's claims do not bounce the others'. */
+typedef struct {
+    _Alignas(64) uint64_t range;
+} Share;
+
+/* Takes blocks [*b0, *b1) from the front of a share (its owner: a quarter of what is left,
+   long runs while much is) or from its back (another thread: half); 0 when it is empty. */
+INLINE int claim(Share *sh, int front, int64_t *b0, int64_t *b1) {
+    uint64_t old = __atomic_load_n(&sh->range, __ATOMIC_RELAXED);
+    for (;;) {
+        const uint64_t lo = old & 0xFFFFFFFFu, hi = old >> 32;
+        if (lo >= hi) return 0;
+        const uint64_t left = hi - lo, take = front ? (left + 3) / 4 : (left + 1) / 2;
+        const uint64_t now = front ? hi << 32 | (lo + take) : (hi - take) << 32 | lo;
+        if (__atomic_compare_exchange_n(&sh->range, &old, now, 0, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED)) {
+            *b0 = (int64_t)(front ? lo : hi - take), *b1 = (int64_t)(front ? lo + take : hi);
+            return 1;
+        }
+    }
+}
+
 /* W's blocks split between the threads, each streaming its own; 0, or -1 when the rows'
    scratch cannot be had. */
 INLINE int linear(const void *x, const void *w, const void *bias, void *y, int64_t m_len,
@@ -339,15 +363,16 @@ INLINE int linear(const void *x, const void *w, const void *bias, void *y, int64
     int64_t threads = m_len * n_len * k_len >= (1 << 18) ? omp_get_max_threads() : 1;
     if (threads > slots) threads = slots;
     if (threads > total) threads = total;
-    /* Blocks are handed out a few at a time, not split in equal shares up front: a thread
-       the OS stops for a while (the HTTP process wants a core now and then) leaves its
-       remaining blocks to the others instead of holding up the whole region. A decode
-       step's few rows take two grains a thread: each grain starts a new stream, whose
-       first lines wait on memory, a cost that weighs most on bf16's half-size grains
-       (docs/benchmarks.rst); a prefill's passes are long enough not to notice. */
-    const int64_t grains = threads * (m_len <= TM ? 2 : 8);
-    const int64_t grain = total / grains > 1 ? total / grains : 1;
-    int64_t next = 0;
+    /* Each thread streams its own contiguous share of W's blocks, front to back, a part of
+       what is left at a time; one that runs out takes from the back of another's share,
+       half of what is left there at a time. A thread the OS stops for a while (the HTTP
+       process wants a core now and then) or that streams slower leaves the rest of its
+       share to the others, at the cost of a block or so, rather than holding up the whole
+       region; and each share stays one stream for the hardware's prefetcher. */
+    Share shares[threads];
+    for (int64_t t = 0; t < threads; t++)
+        shares[t].range = (uint64_t)(total * (t + 1) / threads) << 32 |
+                          (uint64_t)(total * t / threads);
     #pragma omp parallel num_threads((int)threads)
     {
         int t = omp_get_thread_num(), nt = omp_get_num_threads();
@@ -355,15 +380,18 @@ INLINE int linear(const void *x, const void *w, const void *bias, void *y, int64
         pack_rows(x, xt, m_len, k_len, kp, words * t / nt, words * (t + 1) / nt, kind);
         #pragma omp barrier
         float *own = part ? part + (int64_t)t * m_len * NB : NULL;
-        for (;;) {
-            int64_t b0 = __atomic_fetch_add(&next, grain, __ATOMIC_RELAXED);
-            if (b0 >= total) break;
-            int64_t b1 = b0 + grain < total ? b0 + grain : total;
-            /* each dtype's loop compiled on its own (the region is outlined: kind is a
-               variable there) */
-            if (kind == BF16) blocks(xt, w, bias, y, m_len, n_len, kp, b0, b1, own, BF16);
-            else if (kind == F16) blocks(xt, w, bias, y, m_len, n_len, kp, b0, b1, own, F16);
-            else blocks(xt, w, bias, y, m_len, n_len, kp, b0, b1, own, F32);
+        int64_t b0, b1;
+        /* its own share first, then the others' in turn (every share: a region given fewer
+           threads than asked leaves some without an owner) */
+        for (int64_t v = 0; v < threads; v++) {
+            Share *sh = &shares[(t + v) % threads];
+            while (claim(sh, v == 0, &b0, &b1)) {
+                /* each dtype's loop compiled on its own (the region is outlined: kind is a
+                   variable there) */
+                if (kind == BF16) blocks(xt, w, bias, y, m_len, n_len, kp, b0, b1, own, BF16);
+                else if (kind == F16) blocks(xt, w, bias, y, m_len, n_len, kp, b0, b1, own, F16);
+                else blocks(xt, w, bias, y, m_len, n_len, kp, b0, b1, own, F32);
+            }
         }
     }
     free(xt);
