@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import resource
 import time
 from typing import Any
 
@@ -55,10 +56,13 @@ class LoopLag:
                                    "Garbage collections of the HTTP process, by generation.",
                                    ["generation"], buckets=_BUCKETS, registry=registry)
         self._gc_start = 0.0
+        self._gc_seconds = 0.0  # all collections' pauses so far: a sample's share is a difference
 
-    def record(self, lag: float, cpu: float = 0.0, loop_cpu: float = 0.0) -> None:
-        """One sample: ``lag`` past the asked wake-up; ``cpu`` the process's CPU time and
-        ``loop_cpu`` the loop thread's over the whole sleep."""
+    def record(self, lag: float, cpu: float = 0.0, loop_cpu: float = 0.0, gc_s: float = 0.0,
+               faults: int = 0) -> None:
+        """One sample: ``lag`` past the asked wake-up; ``cpu`` the process's CPU time,
+        ``loop_cpu`` the loop thread's, ``gc_s`` the collections' and ``faults`` the loop
+        thread's page faults over the whole sleep."""
         self.samples.observe(lag)
         if lag > self._worst:
             self._worst = lag
@@ -67,10 +71,12 @@ class LoopLag:
             stall = cpu >= WARN_AFTER
             if stall:
                 self.stalls.inc()
+            # What the loop did instead, where it can be told: collecting garbage, faulting
+            # pages in; the rest is code that did not yield.
             log.warning("the event loop was %.0f ms late; meanwhile the process ran %.0f ms "
-                        "(its loop thread %.0f ms): %s", lag * 1000, cpu * 1000,
-                        loop_cpu * 1000, "a stall of its own" if stall else
-                        "the machine did not run it")
+                        "(its loop thread %.0f ms, %.0f ms of it collecting garbage, %d page "
+                        "faults): %s", lag * 1000, cpu * 1000, loop_cpu * 1000, gc_s * 1000,
+                        faults, "a stall of its own" if stall else "the machine did not run it")
 
     async def watch(self) -> None:
         """Sample the loop (and time garbage collections) until cancelled."""
@@ -79,9 +85,11 @@ class LoopLag:
             while True:
                 asked = time.perf_counter() + PERIOD
                 cpu, loop_cpu = time.process_time(), time.thread_time()
+                gc_s, faults = self._gc_seconds, _faults()
                 await trio.sleep(PERIOD)
                 self.record(max(0.0, time.perf_counter() - asked),
-                            time.process_time() - cpu, time.thread_time() - loop_cpu)
+                            time.process_time() - cpu, time.thread_time() - loop_cpu,
+                            self._gc_seconds - gc_s, _faults() - faults)
         finally:
             gc.callbacks.remove(self._on_gc)
 
@@ -90,8 +98,15 @@ class LoopLag:
             self._gc_start = time.perf_counter()
             return
         pause = time.perf_counter() - self._gc_start
+        self._gc_seconds += pause
         self.gc_pauses.labels(str(info["generation"])).observe(pause)
         if pause >= WARN_AFTER / 2:
             log.warning("a garbage collection of generation %d took %.0f ms (%d objects "
                         "freed, %d tracked)", info["generation"], pause * 1000,
                         info["collected"], len(gc.get_objects()))
+
+
+def _faults() -> int:
+    """The calling thread's page faults so far, minor and major."""
+    usage = resource.getrusage(resource.RUSAGE_THREAD)
+    return usage.ru_minflt + usage.ru_majflt

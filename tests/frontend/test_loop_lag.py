@@ -3,8 +3,12 @@ process ran meanwhile, so that the hostile tests' bound does not depend on the m
 
 from __future__ import annotations
 
+import gc
+import logging
+import re
 import time
 
+import pytest
 import trio
 from prometheus_client import CollectorRegistry
 
@@ -51,6 +55,27 @@ async def test_a_process_that_did_not_run_is_late_but_not_stalled() -> None:
     registry = await _blocked_for(lambda: time.sleep(BLOCK))  # no CPU, as if
     assert _value(registry, "izh:event_loop_stalls_total") == 0          # descheduled
     assert _value(registry, "izh:event_loop_lag_max_seconds") >= WARN_AFTER  # (less a period)
+
+
+def _collect() -> None:
+    """A stall spent collecting garbage (a collector's pause is timed from its callbacks)."""
+    start = time.thread_time()
+    while time.thread_time() - start < BLOCK:
+        gc.collect()
+
+
+async def test_a_stall_says_how_much_of_it_was_collecting_garbage(
+        caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="izh_trio.frontend.loop_lag"):
+        registry = await _blocked_for(_collect)
+    assert _value(registry, "izh:event_loop_stalls_total") == 1
+    said = [r.getMessage() for r in caplog.records if "event loop was" in r.getMessage()]
+    assert said, caplog.text
+    found = re.search(r"its loop thread (\d+) ms, (\d+) ms of it collecting garbage, (\d+) "
+                      r"page faults\): a stall of its own", said[-1])
+    assert found, said
+    loop_ms, gc_ms = int(found[1]), int(found[2])
+    assert gc_ms >= 0.5 * loop_ms > 0, said  # most of the loop's time was the collector's
 
 
 def test_stalls_are_judged_by_the_process_cpu_time() -> None:
