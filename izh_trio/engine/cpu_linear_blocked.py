@@ -37,7 +37,8 @@ _LINEAR = (ctypes.c_int, [_P, _P, _P, _P, _I, _I, _I, _P, _I])
 _KERNEL = cbuild.Kernel(
     "cpu_linear_blocked", label="CPU blocked linear kernel", switch="IZH_CPU_LINEAR_BLOCKED",
     signatures={"linear_f32": _LINEAR, "linear_bf16": _LINEAR, "linear_f16": _LINEAR,
-                "supported": (ctypes.c_int, []), "max_threads": (ctypes.c_int, [])},
+                "supported": (ctypes.c_int, []), "max_threads": (ctypes.c_int, []),
+                "tiles": (ctypes.c_int, [])},
     extra_flags=("-fopenmp",))
 
 #: Outputs per block of the packed layout (``NB`` in the C source).
@@ -79,6 +80,13 @@ def bf16_in_hardware() -> bool:
     """Whether the kernel multiplies bf16 with AVX512-BF16's ``vdpbf16ps`` (twice fp32's
     products an instruction) rather than widening it to fp32."""
     return _KERNEL.available() and bool(_KERNEL.lib.supported() & BF16_PRODUCTS)
+
+
+def bf16_in_tiles() -> bool:
+    """Whether the kernel multiplies bf16 in AMX's tiles (Sapphire Rapids and later, where
+    Linux lets this process use them; ``IZH_CPU_AMX=0`` declines them): at a decode step's
+    few rows ``vdpbf16ps`` costs as much arithmetic as fp32's FMAs, which the tiles do not."""
+    return _KERNEL.available() and bool(_KERNEL.lib.tiles())
 
 
 def entry(dtype: torch.dtype) -> int:

@@ -7,6 +7,7 @@ as built for a CPU with AVX-512 but no AVX512-BF16 (bf16 widened as it streams);
 from __future__ import annotations
 
 import ctypes
+import os
 import platform
 import shutil
 import subprocess
@@ -32,40 +33,70 @@ DTYPES = [pytest.param(torch.float32, marks=needs_fp32),
           pytest.param(torch.float16, marks=needs_f16)]
 
 
-_WIDENING: list[ctypes.CDLL] = []
+_BUILDS: dict[str, ctypes.CDLL] = {}
+#: Builds for other CPUs that this one also runs: one without AMX (bf16 on vdpbf16ps), one for
+#: Skylake-SP (AVX-512 with BW, VL and F16C, no AVX512-BF16: bf16 widened as it streams).
+_FLAGS = {"no-amx": ["-march=native", "-mno-amx-tile", "-mno-amx-bf16", "-mno-amx-int8"],
+          "no-avx512-bf16": ["-march=skylake-avx512"]}
 
 
-def _widening_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    """The kernel built for Skylake-SP's flags (AVX-512 with BW, VL and F16C, no
-    AVX512-BF16), which this CPU also runs: bf16 takes the widening path there."""
-    if not _WIDENING:
+def _cpu_has_amx() -> bool:
+    try:
+        flags = open("/proc/cpuinfo").read()  # noqa: SIM115 (read once)
+    except OSError:
+        return False
+    return " amx_bf16 " in flags.replace("\n", " ")
+
+
+def _build_lib(name: str, tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """The kernel built with ``_FLAGS[name]``."""
+    if name not in _BUILDS:
         if platform.machine().lower() not in ("x86_64", "amd64"):
             pytest.skip("not x86")
         compiler = shutil.which("cc") or shutil.which("gcc")
         assert compiler is not None  # available() found one
-        flags = ["-O3", "-march=skylake-avx512", "-fopenmp", "-shared", "-fPIC"]
-        defines = subprocess.run([compiler, *flags[1:2], "-dM", "-E", "-"], input="",
+        flags = ["-O3", *_FLAGS[name], "-fopenmp", "-shared", "-fPIC"]
+        defines = subprocess.run([compiler, *_FLAGS[name], "-dM", "-E", "-"], input="",
                                  capture_output=True, text=True, check=True).stdout
-        assert "__AVX512BF16__" not in defines and "__AVX512BW__" in defines
-        tmp = tmp_path_factory.mktemp("widening")
+        assert "__AMX_BF16__" not in defines
+        if name == "no-avx512-bf16":
+            assert "__AVX512BF16__" not in defines and "__AVX512BW__" in defines
+        tmp = tmp_path_factory.mktemp(name)
         src, so = tmp / "linear.c", tmp / "linear.so"
         src.write_text(cpu_linear_blocked._KERNEL.source())
         subprocess.run([compiler, *flags, str(src), "-o", str(so)], check=True)
         lib = ctypes.CDLL(str(so))
-        for name, (restype, argtypes) in cpu_linear_blocked._KERNEL.signatures.items():
-            getattr(lib, name).restype, getattr(lib, name).argtypes = restype, list(argtypes)
-        assert lib.supported() == 7  # fp32, bf16 (widened: no BF16_PRODUCTS) and fp16
-        _WIDENING.append(lib)
-    return _WIDENING[0]
+        for fn, (restype, argtypes) in cpu_linear_blocked._KERNEL.signatures.items():
+            getattr(lib, fn).restype, getattr(lib, fn).argtypes = restype, list(argtypes)
+        assert lib.tiles() == 0
+        if name == "no-avx512-bf16":
+            assert lib.supported() == 7  # fp32, bf16 (widened: no BF16_PRODUCTS) and fp16
+        _BUILDS[name] = lib
+    return _BUILDS[name]
 
 
-@pytest.fixture(params=["here", "no-avx512-bf16"])
+@pytest.fixture(params=["here", "no-amx", "no-avx512-bf16"])
 def build(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
           monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """Runs a test on the engine's build, then on the build for a CPU without AVX512-BF16."""
+    """Runs a test on the engine's build, then (on a CPU with AMX) on a build without it, then
+    on the build for a CPU without AVX512-BF16."""
+    if request.param == "no-amx" and not _cpu_has_amx():
+        pytest.skip("no AMX here: the engine's build is the vdpbf16ps one")
     if request.param != "here":
-        monkeypatch.setattr(cpu_linear_blocked._KERNEL, "_lib", _widening_lib(tmp_path_factory))
+        monkeypatch.setattr(cpu_linear_blocked._KERNEL, "_lib",
+                            _build_lib(request.param, tmp_path_factory))
     yield request.param
+
+
+def test_bf16_takes_amx_tiles_where_the_cpu_has_them() -> None:
+    """On a CPU with AMX the engine's build multiplies bf16 in tiles (the step's arithmetic
+    then hides under its memory reads) unless IZH_CPU_AMX=0; elsewhere it cannot claim to."""
+    if not cpu_linear_blocked.available(torch.bfloat16):
+        pytest.skip("no bf16 kernel here")
+    layer = BlockedLinear(cpu_linear_blocked.pack(torch.randn(32, 64).bfloat16()), None, 64, 32)
+    layer(torch.randn(2, 64).bfloat16())  # the first bf16 call asks the kernel for the tiles
+    declined = os.environ.get("IZH_CPU_AMX") == "0"
+    assert cpu_linear_blocked.bf16_in_tiles() == (_cpu_has_amx() and not declined)
 
 
 def _exact(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:

@@ -55,6 +55,16 @@ int max_threads(void) { return omp_get_max_threads(); }
 #else
 #define HAVE_F16 0
 #endif
+/* AMX's tile products (Sapphire Rapids and later): bf16 rows against W a 16-by-32 tile at a
+   time, where vdpbf16ps takes as long in arithmetic as fp32's FMAs over the same products
+   and the arithmetic, not the memory, then bounds a step of a few rows. */
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && HAVE_BF16
+#define HAVE_AMX 1
+#include <sys/syscall.h>
+#include <unistd.h>
+#else
+#define HAVE_AMX 0
+#endif
 
 /* A call's element type: of x, W, the bias and y alike (cpu_linear_blocked._DTYPE_BITS). */
 typedef enum { F32, BF16, F16 } Kind;
@@ -325,6 +335,77 @@ INLINE void blocks(const void *xt, const void *w, const void *bias, void *y, int
     }
 }
 
+#if HAVE_AMX
+enum { AMX_ROWS = 16, AMX_K = 32 };  /* a tile: 16 rows of 64 bytes, 32 bf16 columns */
+
+/* Whether this process may use AMX: Linux hands out its tile state only to a process that
+   asks (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA); asked once, on the first bf16 call.
+   IZH_CPU_AMX=0 declines it (the vdpbf16ps loop then serves, as on CPUs without AMX). */
+static int amx_allowed(void) {
+    static int state = -1;  /* -1: not asked yet */
+    int seen = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
+    if (seen < 0) {
+        const char *env = getenv("IZH_CPU_AMX");
+        seen = !(env && env[0] == '0') && syscall(SYS_arch_prctl, 0x1023 /* REQ_XCOMP_PERM */,
+                                                  18 /* XFEATURE_XTILEDATA */) == 0;
+        __atomic_store_n(&state, seen, __ATOMIC_RELEASE);
+    }
+    return seen;
+}
+
+/* Tiles 0 and 1: sums of a block's outputs [0, 16) and [16, 32) for `rows` rows of x;
+   2: those rows' next 32 columns; 3 and 4: W's same 32 columns (16 pairs) of the two
+   halves. The configuration is a thread's own: set again when the rows change. */
+INLINE void amx_configure(int rows) {
+    struct {
+        uint8_t palette, start_row, reserved[14];
+        uint16_t colsb[16];
+        uint8_t rows[16];
+    } config;
+    memset(&config, 0, sizeof config);
+    config.palette = 1;
+    for (int t = 0; t < 5; t++) {
+        config.colsb[t] = 64;
+        config.rows[t] = (uint8_t)(t < 3 ? rows : AMX_ROWS);
+    }
+    _tile_loadconfig(&config);
+}
+
+/* Blocks [b0, b1) of W against x's rows (as given: [m_len][kp], kp a multiple of AMX_K),
+   AMX_ROWS rows at a time. A k pair's row of a block is 32 outputs' pairs, 128 bytes: the
+   first 64 are outputs [0, 16)'s pairs, which is the VNNI layout tdpbf16ps wants of B, so
+   W's tiles load straight from the packed weight with a 128-byte stride. *shape: the rows
+   this thread's tile configuration is for (0: none yet). */
+INLINE void amx_blocks(const uint16_t *x, const void *w, const void *bias, void *y,
+                       int64_t m_len, int64_t n_len, int64_t kp, int64_t b0, int64_t b1,
+                       int *shape) {
+    float sums[2][AMX_ROWS][16] __attribute__((aligned(64)));
+    for (int64_t b = b0; b < b1; b++) {
+        const char *block = (const char *)w + b * NB * kp * 2;
+        const int64_t col = b * NB;
+        for (int64_t m = 0; m < m_len; m += AMX_ROWS) {
+            const int rows = m_len - m < AMX_ROWS ? (int)(m_len - m) : AMX_ROWS;
+            if (rows != *shape) amx_configure(*shape = rows);
+            _tile_zero(0);
+            _tile_zero(1);
+            for (int64_t k = 0; k < kp; k += AMX_K) {
+                _tile_loadd(2, x + m * kp + k, kp * 2);
+                _tile_loadd(3, block + k * NB * 2, NB * 4);
+                _tile_loadd(4, block + k * NB * 2 + 64, NB * 4);
+                _tile_dpbf16ps(0, 2, 3);
+                _tile_dpbf16ps(1, 2, 4);
+            }
+            _tile_stored(0, sums[0], 64);
+            _tile_stored(1, sums[1], 64);
+            Out o = {(char *)y + (m * n_len + col) * 2, bias ? (const char *)bias + col * 2 : NULL,
+                     n_len, n_len - col < NB ? (int)(n_len - col) : NB};
+            for (int r = 0; r < rows; r++)
+                for (int v = 0; v < 2; v++) put(_mm512_load_ps(sums[v][r]), o, r, v, BF16);
+        }
+    }
+}
+#endif
+
 /* What is left of a thread's share of W's blocks: [lo, hi) as one word (lo in the low
    half), so that its owner taking from the front and another thread taking from the back
    never both get a block. A line each: the owner's claims do not bounce the others'. */
@@ -356,8 +437,14 @@ INLINE int linear(const void *x, const void *w, const void *bias, void *y, int64
     const int64_t total = (n_len + NB - 1) / NB;
     const int64_t kp = (k_len + group(kind) - 1) / group(kind) * group(kind);
     const int64_t words = kp / xgroup(kind);  /* of 4 bytes, a row's packed columns */
+#if HAVE_AMX
+    /* AMX reads x's rows as they are, in whole tiles of columns */
+    const int amx = kind == BF16 && k_len % AMX_K == 0 && amx_allowed();
+#else
+    const int amx = 0;
+#endif
     void *xt = NULL;
-    if (posix_memalign(&xt, 64, (size_t)((m_len + TM - 1) / TM * TM * words * 4)) != 0)
+    if (!amx && posix_memalign(&xt, 64, (size_t)((m_len + TM - 1) / TM * TM * words * 4)) != 0)
         return -1;
     /* a small product is not worth waking the other threads for */
     int64_t threads = m_len * n_len * k_len >= (1 << 18) ? omp_get_max_threads() : 1;
@@ -377,10 +464,14 @@ INLINE int linear(const void *x, const void *w, const void *bias, void *y, int64
     {
         int t = omp_get_thread_num(), nt = omp_get_num_threads();
         /* every thread packs a share of the rows' columns, and multiplies all of them */
-        pack_rows(x, xt, m_len, k_len, kp, words * t / nt, words * (t + 1) / nt, kind);
-        #pragma omp barrier
+        if (!amx) {
+            pack_rows(x, xt, m_len, k_len, kp, words * t / nt, words * (t + 1) / nt, kind);
+            #pragma omp barrier
+        }
         float *own = part ? part + (int64_t)t * m_len * NB : NULL;
         int64_t b0, b1;
+        int shape = 0;  /* AMX: the rows this thread's tiles are configured for */
+        (void)shape;
         /* its own share first, then the others' in turn (every share: a region given fewer
            threads than asked leaves some without an owner) */
         for (int64_t v = 0; v < threads; v++) {
@@ -388,11 +479,17 @@ INLINE int linear(const void *x, const void *w, const void *bias, void *y, int64
             while (claim(sh, v == 0, &b0, &b1)) {
                 /* each dtype's loop compiled on its own (the region is outlined: kind is a
                    variable there) */
+#if HAVE_AMX
+                if (amx) amx_blocks(x, w, bias, y, m_len, n_len, kp, b0, b1, &shape); else
+#endif
                 if (kind == BF16) blocks(xt, w, bias, y, m_len, n_len, kp, b0, b1, own, BF16);
                 else if (kind == F16) blocks(xt, w, bias, y, m_len, n_len, kp, b0, b1, own, F16);
                 else blocks(xt, w, bias, y, m_len, n_len, kp, b0, b1, own, F32);
             }
         }
+#if HAVE_AMX
+        if (shape) _tile_release();  /* a thread's tile state is heavy to switch: given back */
+#endif
     }
     free(xt);
     return 0;
@@ -403,6 +500,16 @@ INLINE int linear(const void *x, const void *w, const void *bias, void *y, int64
    widened (cpu_linear_blocked.BF16_PRODUCTS). */
 int supported(void) {
     return 1 | (HAVE_BW ? 2 : 0) | (HAVE_F16 ? 4 : 0) | (HAVE_BF16 ? 8 : 0);
+}
+
+/* Whether bf16 is multiplied in AMX's tiles here: built for a CPU with them, and this
+   process allowed to use them (cpu_linear_blocked.bf16_in_tiles). */
+int tiles(void) {
+#if HAVE_AMX
+    return amx_allowed();
+#else
+    return 0;
+#endif
 }
 
 /* y = x @ W^T (+ bias): x [m_len, k_len], W packed by cpu_linear_blocked.pack from
@@ -427,6 +534,7 @@ int linear_f16(const uint16_t *x, const uint16_t *w, const uint16_t *bias, uint1
 
 #else  /* no AVX-512: cpu_linear_blocked.py keeps oneDNN's */
 int supported(void) { return 0; }
+int tiles(void) { return 0; }
 int linear_f32(const float *x, const float *w, const float *bias, float *y, int64_t m_len,
                int64_t n_len, int64_t k_len, float *part, int64_t slots) {
     (void)x; (void)w; (void)bias; (void)y; (void)m_len; (void)n_len; (void)k_len;
