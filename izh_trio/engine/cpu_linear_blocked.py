@@ -8,8 +8,10 @@ quarter to a half slower than the read bound); this kernel (``csrc/cpu_linear_bl
 keeps each weight in a layout of its own, packed once at load, that every thread streams
 sequentially while up to eight rows are multiplied against it. At many rows (a prefill) it
 stays within a fifth or so of oneDNN's, so one copy of the weights serves both. fp32 needs
-AVX-512; bf16 and fp16 AVX-512 with BW and VL (fp16 F16C too). bf16 is multiplied by
-``vdpbf16ps`` where the CPU has AVX512-BF16; elsewhere, as fp16 on CPUs without fp16
+AVX-512; bf16 and fp16 AVX-512 with BW and VL (fp16 F16C too). bf16 is multiplied in AMX's
+tiles where the CPU has them (``bf16_in_tiles``: at eight rows ``vdpbf16ps`` does no more
+products a cycle than fp32's FMAs, and the arithmetic bounds the step), else by
+``vdpbf16ps`` where it has AVX512-BF16; elsewhere, as fp16 on CPUs without fp16
 arithmetic (every AMD one, Intel's before Sapphire Rapids), the weights are widened as they
 stream and multiplied in fp32: half of fp32's bytes with fp32's arithmetic, where torch's
 fp16 products on such a CPU run several times slower than fp32's. Measure with

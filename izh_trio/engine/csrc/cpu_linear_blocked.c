@@ -1,4 +1,4 @@
-/* y[M, N] = x[M, K] @ W[N, K]^T (+ b[N]) in fp32 (AVX-512), bf16 (AVX512-BF16) or fp16
+/* y[M, N] = x[M, K] @ W[N, K]^T (+ b[N]) in fp32 (AVX-512), bf16 (AMX or AVX512-BF16) or fp16
    (AVX-512 and F16C), on a weight repacked once at load (cpu_linear_blocked.pack) into
    blocks of NB = 32 outputs whose columns lie in order: [N / NB][K][NB] in fp32 and fp16; in
    bf16, column pairs, [N / NB][K / 2][NB][2], since vdpbf16ps multiplies a pair of x's
