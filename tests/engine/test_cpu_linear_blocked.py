@@ -12,6 +12,7 @@ import platform
 import shutil
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -42,10 +43,9 @@ _FLAGS = {"no-amx": ["-march=native", "-mno-amx-tile", "-mno-amx-bf16", "-mno-am
 
 def _cpu_has_amx() -> bool:
     try:
-        flags = open("/proc/cpuinfo").read()  # noqa: SIM115 (read once)
+        return "amx_bf16" in Path("/proc/cpuinfo").read_text().split()
     except OSError:
         return False
-    return " amx_bf16 " in flags.replace("\n", " ")
 
 
 def _build_lib(name: str, tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:

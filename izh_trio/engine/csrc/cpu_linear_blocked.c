@@ -470,8 +470,9 @@ INLINE int linear(const void *x, const void *w, const void *bias, void *y, int64
         }
         float *own = part ? part + (int64_t)t * m_len * NB : NULL;
         int64_t b0, b1;
-        int shape = 0;  /* AMX: the rows this thread's tiles are configured for */
-        (void)shape;
+#if HAVE_AMX
+        int shape = 0;  /* the rows this thread's tiles are configured for */
+#endif
         /* its own share first, then the others' in turn (every share: a region given fewer
            threads than asked leaves some without an owner) */
         for (int64_t v = 0; v < threads; v++) {
